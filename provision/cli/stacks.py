@@ -1,0 +1,27 @@
+"""`provision stacks`: the stack catalog as a table or JSON."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import catalog
+from .output import dumps, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("stacks", help="list guest stacks")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stacks = catalog.load().stacks
+    if args.json:
+        print(dumps([s.as_dict() for s in stacks.values()]))
+        return 0
+    rows = [
+        (s.name, s.route, ",".join(s.hosts), s.base, "yes" if s.gpu else "no", s.device or "-", s.description)
+        for s in stacks.values()
+    ]
+    print(table(["STACK", "ROUTE", "HOSTS", "BASE", "GPU", "DEVICE", "DESCRIPTION"], rows))
+    return 0
