@@ -1,0 +1,118 @@
+"""Build plans, the pinned source and the APIR protocol it carries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision import apir, builds, ggml_build, pins, sources
+from provision.errors import InvalidValue, SourceUnavailable
+
+
+def _plan(name: str, **kw: object) -> ggml_build.BuildPlan:
+    v = ggml_build.variant(name)
+    return ggml_build.plan(v, source=Path("/src"), build_dir=Path("/b"), key="k",
+                           offline_include=builds.OFFLINE_INCLUDE, **kw)  # type: ignore[arg-type]
+
+
+def test_every_variant_builds_named_targets_with_the_offline_include():
+    for name in ggml_build.VARIANTS:
+        extra: dict[str, object] = {}
+        if name == "cuda":
+            extra["cuda_architectures"] = "90"
+        if name == "guest":
+            extra["drm_include_dir"] = Path("/kdrm")
+        plan = _plan(name, **extra)
+        assert plan.build[-len(ggml_build.VARIANTS[name].targets):] == list(ggml_build.VARIANTS[name].targets)
+        assert "all" not in plan.build
+        assert f"-DCMAKE_PROJECT_INCLUDE={builds.OFFLINE_INCLUDE}" in plan.configure
+        assert "-DGGML_NATIVE=OFF" in plan.configure
+
+
+def test_host_plan_is_backend_only_and_cuda_plan_keeps_flash_attention():
+    assert "-DGGML_VIRTGPU_BACKEND=ONLY" in _plan("host").configure
+    cuda = _plan("cuda", cuda_architectures="90")
+    assert {"-DGGML_CUDA=ON", "-DGGML_CUDA_FA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90"} <= set(cuda.configure)
+    assert "ggml-cuda" in cuda.build
+    with pytest.raises(InvalidValue):
+        _plan("cuda")
+
+
+def test_guest_plan_builds_the_frontend_and_llama_bench_with_the_new_drm_header():
+    guest = _plan("guest", drm_include_dir=Path("/kdrm"))
+    assert "-DGGML_VIRTGPU=ON" in guest.configure and not any("BACKEND=ONLY" in a for a in guest.configure)
+    assert "-DCMAKE_CXX_FLAGS=-I/kdrm" in guest.configure
+    assert guest.build[-2:] == ["ggml-virtgpu", "llama-bench"]
+    with pytest.raises(InvalidValue):
+        _plan("guest")
+
+
+def test_cache_key_changes_with_every_input():
+    v = ggml_build.variant("cuda")
+    base = ggml_build.cache_key(v, source_sha256="a", cuda_architectures="90")
+    assert base.startswith("cuda-")
+    assert base == ggml_build.cache_key(v, source_sha256="a", cuda_architectures="90")
+    assert base != ggml_build.cache_key(v, source_sha256="b", cuda_architectures="90")
+    assert base != ggml_build.cache_key(v, source_sha256="a", cuda_architectures="89")
+
+
+def test_offline_include_neutralizes_only_the_venus_hw_header_project():
+    text = builds.offline_include().read_text()
+    assert 'name STREQUAL "venus_hw_header"' in text and "_ExternalProject_Add(${ARGV})" in text
+
+
+def test_unknown_variant_names_the_known_ones():
+    with pytest.raises(InvalidValue, match="host"):
+        ggml_build.variant("metal")
+
+
+def test_cached_sdist_with_wrong_bytes_is_refused_and_never_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path))
+    pin = pins.default().source(sources.SDIST_PIN)
+    bad = tmp_path / "sources" / str(pin["filename"])
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"not the sdist")
+    with pytest.raises(SourceUnavailable) as exc:
+        sources.sdist_path()
+    assert exc.value.code == "E042" and str(bad) in exc.value.message and str(pin["size"]) in exc.value.message
+
+
+def test_pip_download_fetches_the_sdist_only():
+    cmd = sources.pip_download_command("llama-cpp-python==0.3.36", Path("/d"))
+    assert cmd[1:4] == ["-m", "pip", "download"]
+    assert "--no-deps" in cmd and cmd[cmd.index("--no-binary") + 1] == ":all:"
+
+
+@pytest.mark.slow
+def test_pinned_tree_carries_the_pinned_apir_protocol():
+    tree = sources.llama_cpp_tree()
+    assert not (tree / ".git").exists()
+    assert sources.apir_protocol(tree) == apir.guest_protocol() == (0, 2)
+
+
+def test_protocol_in_a_tree_that_disagrees_with_the_pin_is_refused(tmp_path):
+    header = tmp_path / sources.PROTOCOL_HEADER
+    header.parent.mkdir(parents=True)
+    header.write_text("#define APIR_PROTOCOL_MAJOR 0\n#define APIR_PROTOCOL_MINOR 9\n")
+    with pytest.raises(SourceUnavailable, match="apir_protocol"):
+        sources.apir_protocol(tmp_path)
+
+
+def test_protocol_check_warns_on_minor_and_fails_on_major_mismatch():
+    assert apir.protocol_check((0, 2), (0, 2)).status == "ok"
+    warn = apir.protocol_check((0, 2), (0, 1))
+    assert warn.status == "warn" and "0.2" in warn.evidence and "0.1" in warn.evidence
+    assert apir.protocol_check((1, 0), (0, 1)).status == "fail"
+    # Today's pins: guest llama.cpp 0.2, host virglrenderer MR 1590 0.1.
+    assert apir.protocol_check().status == "warn"
+    assert apir.parse_protocol(apir.format_protocol(apir.guest_protocol())) == (0, 2)
+
+
+def test_protocol_command_prints_the_image_label(capsys):
+    from provision.cli import main
+
+    assert main(["apir", "protocol", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["label"] == {"krun-gpu.apir.protocol": "0.2"} and out["check"]["status"] == "warn"
