@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 # The hypervisor's knobs (virglrenderer reads the first, the backend library the others when
@@ -124,10 +125,13 @@ def probe(req: ProbeRequest) -> ProbeResult:
         return ProbeResult(asdict(req), "stat", False, loader_error=problem)
     env = dict(os.environ)
     env.update(req.env)
+    # The child must import THIS provision package, not one that happens to sit in the cwd (-P).
+    package_root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     started = time.perf_counter()
     try:
-        proc = subprocess.run([sys.executable, "-m", "provision.adapters.apir", "--child", json.dumps(asdict(req))],
-                              env=env, capture_output=True, text=True, timeout=req.timeout_s)
+        proc = subprocess.run([sys.executable, "-P", "-m", "provision.adapters.apir", "--child",
+                               json.dumps(asdict(req))], env=env, capture_output=True, text=True, timeout=req.timeout_s)
     except subprocess.TimeoutExpired as exc:
         return ProbeResult(asdict(req), "timeout", False, wall_ms=_ms(started),
                            stderr_tail=(exc.stderr or b"")[-1500:].decode(errors="replace")
@@ -347,6 +351,9 @@ def _buffer_round_trip(w: _Wire, size: int) -> dict[str, Any]:
     return out
 
 
+_SIZED_COMMANDS = ("buffer_type_alloc_buffer", "buffer_clear", "buffer_free_buffer")
+
+
 def _bench(w: _Wire, repeat: int, size: int) -> list[dict[str, Any]]:
     """Round-trip time of each query `repeat` times and of alloc/base/clear/free cycles repeat/10 times
     (at least 5), after one warm-up call or cycle each."""
@@ -387,7 +394,7 @@ def _bench(w: _Wire, repeat: int, size: int) -> list[dict[str, Any]]:
                      "min_us": round(values[0] * 1000, 2),
                      "median_us": round(values[len(values) // 2] * 1000, 2),
                      "p95_us": round(values[min(len(values) - 1, int(len(values) * 0.95))] * 1000, 2),
-                     "bytes": size if name.startswith("buffer_") and name != "buffer_get_base" else None})
+                     "bytes": size if name in _SIZED_COMMANDS else None})
     return rows
 
 
