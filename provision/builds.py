@@ -45,6 +45,11 @@ def offline_include() -> Path:
     return OFFLINE_INCLUDE
 
 
+def drm_headers_dir(pin_set: pins.Pins | None = None) -> Path:
+    sha256 = str((pin_set or pins.default()).debian["build_packages_sha256"][DRM_PACKAGE])
+    return paths.cache_dir("sources") / f"kdrm-{sha256[:16]}"
+
+
 def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     """An include directory holding drm/ from the pinned newer linux-libc-dev (guest build only).
 
@@ -57,7 +62,7 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     version = str(deb["build_packages"][DRM_PACKAGE])
     sha256 = str(deb["build_packages_sha256"][DRM_PACKAGE])
     cache = paths.cache_dir("sources")
-    include = cache / f"kdrm-{sha256[:16]}"
+    include = drm_headers_dir(pin_set)
     if (include / "drm" / "virtgpu_drm.h").exists():
         return include
     with FileLock(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache,
@@ -86,24 +91,41 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     return include
 
 
+def plan_for(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
+             source: Path | None = None, pin_set: pins.Pins | None = None,
+             fetch: bool = True) -> tuple[ggml_build.BuildPlan, str]:
+    """The plan and the source id it is keyed by; fetch=False (dry run) downloads and extracts nothing."""
+    pin_set = pin_set or pins.default()
+    v = ggml_build.variant(variant_name)
+    if source is None:
+        tree = sources.llama_cpp_tree(pin_set) if fetch else sources.tree_dir(pin_set)
+        source_id = str(pin_set.source(sources.SDIST_PIN)["sha256"])
+    else:
+        # A trimmed copy of the same tree (the GPU machine has no network); keyed by its path.
+        tree = source.resolve()
+        source_id = f"local:{tree}"
+    drm_dir = None
+    if v.needs_drm_headers:
+        drm_dir = drm_headers(pin_set) if fetch else drm_headers_dir(pin_set)
+    key = ggml_build.cache_key(v, source_sha256=source_id, cuda_architectures=cuda_architectures,
+                               drm_headers_sha256=(str(pin_set.debian["build_packages_sha256"][DRM_PACKAGE])
+                                                   if drm_dir else None))
+    work = paths.cache_root() / "ggml" / "work" / key
+    plan = ggml_build.plan(v, source=tree, build_dir=work, key=key, offline_include=offline_include(),
+                           jobs=jobs, cuda_architectures=cuda_architectures, drm_include_dir=drm_dir)
+    return plan, source_id
+
+
 def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
            source: Path | None = None, pin_set: pins.Pins | None = None, force: bool = False) -> Built:
     """The promoted build for a variant: from the cache, or built now."""
     pin_set = pin_set or pins.default()
     v = ggml_build.variant(variant_name)
     cmake.require_tools(v.tools, variant=v.name)
-    if source is None:
-        tree = sources.llama_cpp_tree(pin_set)
-        source_id = str(pin_set.source(sources.SDIST_PIN)["sha256"])
-    else:
-        # A trimmed copy of the same tree (the GPU machine has no network); keyed by its path.
-        tree = source.resolve()
-        source_id = f"local:{tree}"
-    protocol = sources.apir_protocol(tree, pin_set)
-    drm_dir = drm_headers(pin_set) if v.needs_drm_headers else None
-    key = ggml_build.cache_key(v, source_sha256=source_id, cuda_architectures=cuda_architectures,
-                               drm_headers_sha256=(str(pin_set.debian["build_packages_sha256"][DRM_PACKAGE])
-                                                   if drm_dir else None))
+    plan, source_id = plan_for(variant_name, jobs=jobs, cuda_architectures=cuda_architectures, source=source,
+                               pin_set=pin_set)
+    protocol = sources.apir_protocol(plan.source, pin_set)
+    key = plan.key
     root = paths.cache_dir("ggml")
     promoted = root / key
     with FileLock(str(root / f"{key}.lock")):
@@ -111,18 +133,16 @@ def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None =
             shutil.rmtree(promoted)
         if (promoted / "build.json").exists():
             return Built(v.name, key, promoted / "bin", json.loads((promoted / "build.json").read_text()))
-        work = paths.cache_dir("ggml", "work", key)
-        plan = ggml_build.plan(v, source=tree, build_dir=work, key=key, offline_include=offline_include(),
-                               jobs=jobs, cuda_architectures=cuda_architectures, drm_include_dir=drm_dir)
+        work = plan.build_dir
         log = root / f"{key}.log"
         started = time.monotonic()
         timings = cmake.run(plan, log=log)
         timings["total_s"] = round(time.monotonic() - started, 1)
         manifest: dict[str, object] = {
-            "variant": v.name, "key": key, "source": str(tree), "build_dir": str(work), "source_id": source_id,
-            "apir_protocol": list(protocol), "targets": list(v.targets), "configure": plan.configure,
-            "jobs": jobs, "timings": timings, "machine": platform.machine(), "cpus": os.cpu_count(),
-            "ggml_library": v.ggml_library, "ggml_reg": v.ggml_reg,
+            "variant": v.name, "key": key, "source": str(plan.source), "build_dir": str(work),
+            "source_id": source_id, "apir_protocol": list(protocol), "targets": list(v.targets),
+            "configure": plan.configure, "jobs": jobs, "timings": timings, "machine": platform.machine(),
+            "cpus": os.cpu_count(), "ggml_library": v.ggml_library, "ggml_reg": v.ggml_reg,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with tempfile.TemporaryDirectory(dir=root, prefix=f".{key}-") as tmp:

@@ -96,7 +96,7 @@ def llama_cpp_tree(pin_set: pins.Pins | None = None) -> Path:
     pin_set = pin_set or pins.default()
     pin = pin_set.require(SDIST_PIN, purpose="the llama.cpp source")
     cache = paths.cache_dir("sources")
-    tree = cache / f"llama.cpp-{str(pin['sha256'])[:16]}"
+    tree = tree_dir(pin_set)
     if (tree / "CMakeLists.txt").exists():
         return tree
     archive = sdist_path(pin_set)
@@ -121,6 +121,12 @@ def llama_cpp_tree(pin_set: pins.Pins | None = None) -> Path:
                 )
             os.replace(staged, tree)
     return tree
+
+
+def tree_dir(pin_set: pins.Pins | None = None) -> Path:
+    """Where llama_cpp_tree() puts (or has put) the vendored tree; no I/O beyond the cache root."""
+    pin = (pin_set or pins.default()).source(SDIST_PIN)
+    return paths.cache_dir("sources") / f"llama.cpp-{str(pin['sha256'])[:16]}"
 
 
 def _extract_subtree(archive: Path, prefix: str, dest: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from .. import builds, ggml_build
@@ -20,14 +21,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--source", type=Path, default=None,
                    help="a copy of the pinned llama.cpp tree to build instead of the sdist's (offline machines)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache has this build")
+    b.add_argument("--dry-run", action="store_true", help="print the plan (commands, key) and build nothing")
     b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=run_build)
 
 
 def run_build(args: argparse.Namespace) -> int:
-    cuda_arch = args.cuda_arch if args.variant == "cuda" else None
-    if args.variant == "cuda" and cuda_arch is None:
-        cuda_arch = "native"
+    cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
+    if args.dry_run:
+        plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
+                                  fetch=False)
+        if args.json:
+            print(dumps(plan.as_dict()))
+        else:
+            print(f"# ggml {plan.variant} build, cache key {plan.key}")
+            print(shlex.join(plan.configure))
+            print(shlex.join(plan.build))
+        return 0
     built = builds.ensure(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
                           force=args.force)
     if args.json:
@@ -35,8 +45,8 @@ def run_build(args: argparse.Namespace) -> int:
                      "manifest": built.manifest}))
         return 0
     m = built.manifest
-    rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(map(str, m["targets"]))),  # type: ignore[call-overload]
-            ("apir protocol", ".".join(map(str, m["apir_protocol"]))),  # type: ignore[call-overload]
+    rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(map(str, m["targets"]))),
+            ("apir protocol", ".".join(map(str, m["apir_protocol"]))),
             ("timings", m.get("timings")), ("built", m.get("built_at"))]
     print(table(["FIELD", "VALUE"], rows))
     return 0
