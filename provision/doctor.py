@@ -45,8 +45,14 @@ def default_vram_mib() -> int | None:
     return max(sizes) if sizes else None
 
 
-def context(*, krun: Path | None = None, machine: str | None = None, guest_image: str | None = None,
-            platform: str | None = None, env: dict[str, str] | None = None) -> DoctorContext:
+def context(
+    *,
+    krun: Path | None = None,
+    machine: str | None = None,
+    guest_image: str | None = None,
+    platform: str | None = None,
+    env: dict[str, str] | None = None,
+) -> DoctorContext:
     p = pins.default()
     kwargs: dict[str, Any] = {}
     if machine:

@@ -38,7 +38,9 @@ class DoctorContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def run_tool(argv: Sequence[str], *, timeout: float = 30.0, env: dict[str, str] | None = None) -> tuple[int, str] | None:
+def run_tool(
+    argv: Sequence[str], *, timeout: float = 30.0, env: dict[str, str] | None = None
+) -> tuple[int, str] | None:
     """(exit status, stdout+stderr), or None when the program is not installed."""
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False)
@@ -63,15 +65,20 @@ def check_bundle(explicit: Path | None, env: dict[str, str], home: Path) -> tupl
 def check_firmware(b: KrunBundle, krunkit: versions.Version | None, compat: dict[str, Any]) -> Check:
     since = versions.Version.parse(compat["krunkit_firmware"]["since"])
     if krunkit is not None and krunkit < since:
-        return Check("krunkit.firmware", "skip", f"krunkit {krunkit} < {since} boots through libkrun-efi's own firmware")
+        return Check(
+            "krunkit.firmware", "skip", f"krunkit {krunkit} < {since} boots through libkrun-efi's own firmware"
+        )
     real = bundle_mod.real_executable(b.krunkit)
     cands = bundle_mod.firmware_candidates(real)
     found = next((c for c in cands if c.is_file()), None)
     if found:
         return Check("krunkit.firmware", "ok", f"{found}")
     return Check(
-        "krunkit.firmware", "fail",
-        "no KRUN_EFI.silent.fd in " + ", ".join(str(c.parent) for c in cands) + " (krunkit: \"can't find a firmware to load\")",
+        "krunkit.firmware",
+        "fail",
+        "no KRUN_EFI.silent.fd in "
+        + ", ".join(str(c.parent) for c in cands)
+        + ' (krunkit: "can\'t find a firmware to load")',
         "rebuild the bundle with krunkit's postInstall copying edk2/KRUN_EFI.silent.fd to share/krunkit/",
     )
 
@@ -105,7 +112,9 @@ def read_containers_conf(files: Sequence[Path]) -> dict[str, Any]:
     return merged
 
 
-def find_helper(name: str, env: dict[str, str], conf: dict[str, Any], podman_bindir: Path | None) -> tuple[Path | None, list[str]]:
+def find_helper(
+    name: str, env: dict[str, str], conf: dict[str, Any], podman_bindir: Path | None
+) -> tuple[Path | None, list[str]]:
     """containers/common FindHelperBinary: $CONTAINERS_HELPER_BINARY_DIR, helper_binaries_dir, $PATH."""
     dirs: list[tuple[str, str]] = []
     if env.get("CONTAINERS_HELPER_BINARY_DIR"):
@@ -128,13 +137,22 @@ def find_helper(name: str, env: dict[str, str], conf: dict[str, Any], podman_bin
 
 
 def check_podman_finds_krunkit(found: Path | None, tried: list[str], b: KrunBundle | None) -> Check:
-    fix = (f"run `provision launch` (it sets CONTAINERS_HELPER_BINARY_DIR={b.bin_dir})" if b
-           else "install the krun bundle, then run `provision launch`")
+    fix = (
+        f"run `provision launch` (it sets CONTAINERS_HELPER_BINARY_DIR={b.bin_dir})"
+        if b
+        else "install the krun bundle, then run `provision launch`"
+    )
     if found is None:
-        return Check("podman.krunkit", "fail", "podman would not find krunkit (looked in " + ", ".join(tried) + ")", fix)
+        return Check(
+            "podman.krunkit", "fail", "podman would not find krunkit (looked in " + ", ".join(tried) + ")", fix
+        )
     if b is not None and found.resolve() != b.krunkit.resolve():
-        return Check("podman.krunkit", "warn",
-                     f"a plain `podman machine start` would run {found}, not the bundle's {b.krunkit}", fix)
+        return Check(
+            "podman.krunkit",
+            "warn",
+            f"a plain `podman machine start` would run {found}, not the bundle's {b.krunkit}",
+            fix,
+        )
     return Check("podman.krunkit", "ok", f"podman finds {found}")
 
 
@@ -155,8 +173,14 @@ def check_versions(
     checks: list[Check] = []
     pv = kv = None
     if podman_out is None:
-        checks.append(Check("podman.version", "fail", "podman is not installed",
-                            f"install podman >= {compat['podman_min']} (the pkg installer or Homebrew)"))
+        checks.append(
+            Check(
+                "podman.version",
+                "fail",
+                "podman is not installed",
+                f"install podman >= {compat['podman_min']} (the pkg installer or Homebrew)",
+            )
+        )
     else:
         try:
             pv = versions.parse_podman(podman_out)
@@ -173,8 +197,14 @@ def check_versions(
     if problems:
         checks.append(Check("versions.pairing", "fail", "; ".join(p.what for p in problems), problems[0].fix))
     elif kv is None or libkrun is None:
-        checks.append(Check("versions.pairing", "warn", f"could not read every version ({seen or 'none'})",
-                            "make sure the bundle has bin/krunkit and lib/pkgconfig/libkrun.pc"))
+        checks.append(
+            Check(
+                "versions.pairing",
+                "warn",
+                f"could not read every version ({seen or 'none'})",
+                "make sure the bundle has bin/krunkit and lib/pkgconfig/libkrun.pc",
+            )
+        )
     else:
         checks.append(Check("versions.pairing", "ok", f"{seen} pair per pins.json compat"))
     return checks, kv
@@ -185,37 +215,61 @@ def check_versions(
 
 def check_libkrun_symbols(probe: dylib.SymbolProbe, required: list[tuple[str, str]]) -> list[Check]:
     if not probe.loaded:
-        return [Check("libkrun.load", "fail", f"dlopen {probe.path}: {probe.error}",
-                      "reinstall the krun bundle; libkrun must load for krunkit to start")]
+        return [
+            Check(
+                "libkrun.load",
+                "fail",
+                f"dlopen {probe.path}: {probe.error}",
+                "reinstall the krun bundle; libkrun must load for krunkit to start",
+            )
+        ]
     out = []
     gpu_sym = required[0][0]
     if probe.has(gpu_sym):
         out.append(Check("libkrun.gpu", "ok", f"{probe.path} exports {gpu_sym}"))
     else:
-        out.append(Check("libkrun.gpu", "fail",
-                         f"{probe.path} has no {gpu_sym}: libkrun was built without GPU=1, so a GPU VM fails "
-                         "with ENOTSUP (errno 45)",
-                         "use the bundle's libkrun (built with GPU=1): nix profile add .#krun"))
+        out.append(
+            Check(
+                "libkrun.gpu",
+                "fail",
+                f"{probe.path} has no {gpu_sym}: libkrun was built without GPU=1, so a GPU VM fails "
+                "with ENOTSUP (errno 45)",
+                "use the bundle's libkrun (built with GPU=1): nix profile add .#krun",
+            )
+        )
     for sym, why in required[1:]:
         if probe.has(sym):
             out.append(Check(f"libkrun.{sym}", "ok", f"{probe.path} exports {sym}"))
         else:
-            out.append(Check(f"libkrun.{sym}", "fail", f"{probe.path} lacks {sym}: {why}",
-                             "install krunkit and libkrun as the pinned pair"))
+            out.append(
+                Check(
+                    f"libkrun.{sym}",
+                    "fail",
+                    f"{probe.path} lacks {sym}: {why}",
+                    "install krunkit and libkrun as the pinned pair",
+                )
+            )
     return out
 
 
 def check_linked_virglrenderer(linked: str | None, resolved: list[Path], ours: Path) -> Check:
     if linked is None:
-        return Check("libkrun.links-virglrenderer", "fail", "libkrun does not link libvirglrenderer: no virtio-gpu",
-                     "use a libkrun built with GPU=1 against the bundle's virglrenderer")
+        return Check(
+            "libkrun.links-virglrenderer",
+            "fail",
+            "libkrun does not link libvirglrenderer: no virtio-gpu",
+            "use a libkrun built with GPU=1 against the bundle's virglrenderer",
+        )
     existing = next((p for p in resolved if p.exists()), None)
     if existing is not None and existing.resolve() == ours.resolve():
         return Check("libkrun.links-virglrenderer", "ok", f"{linked} -> {existing.resolve()}")
     where = existing.resolve() if existing else "nothing on disk"
-    return Check("libkrun.links-virglrenderer", "fail",
-                 f"libkrun links {linked} -> {where}, not ours ({ours.resolve()})",
-                 "rebuild libkrun against the bundle's virglrenderer (APIR needs the patched one)")
+    return Check(
+        "libkrun.links-virglrenderer",
+        "fail",
+        f"libkrun links {linked} -> {where}, not ours ({ours.resolve()})",
+        "rebuild libkrun against the bundle's virglrenderer (APIR needs the patched one)",
+    )
 
 
 def check_loaded_virglrenderer(lsof_output: str | None, ours: Path) -> Check:
@@ -226,20 +280,32 @@ def check_loaded_virglrenderer(lsof_output: str | None, ours: Path) -> Check:
         return Check("krunkit.virglrenderer", "skip", "krunkit is not running (no machine started)")
     libs = lsof.libraries_named(files, "libvirglrenderer")
     if not libs:
-        return Check("krunkit.virglrenderer", "fail", "krunkit runs but mapped no libvirglrenderer: GPU is off",
-                     "restart with `provision launch` (krunkit must come from the bundle)")
+        return Check(
+            "krunkit.virglrenderer",
+            "fail",
+            "krunkit runs but mapped no libvirglrenderer: GPU is off",
+            "restart with `provision launch` (krunkit must come from the bundle)",
+        )
     want = ours.resolve()
     if all(Path(p).resolve() == want for p in libs):
         return Check("krunkit.virglrenderer", "ok", f"krunkit mapped {', '.join(libs)}")
-    return Check("krunkit.virglrenderer", "fail", f"krunkit mapped {', '.join(libs)}, not ours ({want})",
-                 "stop the machine and run `provision launch` so podman starts the bundle's krunkit")
+    return Check(
+        "krunkit.virglrenderer",
+        "fail",
+        f"krunkit mapped {', '.join(libs)}, not ours ({want})",
+        "stop the machine and run `provision launch` so podman starts the bundle's krunkit",
+    )
 
 
 # --- env ------------------------------------------------------------------------------------
 
 APIR_REQUIRED = ("VIRGL_APIR_BACKEND_LIBRARY", "APIR_LLAMA_CPP_GGML_LIBRARY_PATH")
-APIR_OPTIONAL = ("APIR_LLAMA_CPP_GGML_LIBRARY_REG", "VIRGL_APIR_LOG_TO_FILE", "APIR_LLAMA_CPP_LOG_TO_FILE",
-                 "VIRGL_ROUTE_VENUS_TO_APIR")
+APIR_OPTIONAL = (
+    "APIR_LLAMA_CPP_GGML_LIBRARY_REG",
+    "VIRGL_APIR_LOG_TO_FILE",
+    "APIR_LLAMA_CPP_LOG_TO_FILE",
+    "VIRGL_ROUTE_VENUS_TO_APIR",
+)
 
 
 def check_apir_env(env: dict[str, str], route: str | None) -> Check:
@@ -259,18 +325,29 @@ def check_apir_env(env: dict[str, str], route: str | None) -> Check:
         if env.get(key) and not Path(env[key]).parent.is_dir():
             problems.append(f"{key}={env[key]}: directory does not exist")
     if problems:
-        return Check("apir.env", "fail", "; ".join(problems),
-                     "let `provision launch --route apir` set them (it points them into the krun bundle)")
-    note = " (VIRGL_ROUTE_VENUS_TO_APIR set: Venus/Vulkan is disabled on a machine started from this shell)" \
-        if "VIRGL_ROUTE_VENUS_TO_APIR" in env else ""
+        return Check(
+            "apir.env",
+            "fail",
+            "; ".join(problems),
+            "let `provision launch --route apir` set them (it points them into the krun bundle)",
+        )
+    note = (
+        " (VIRGL_ROUTE_VENUS_TO_APIR set: Venus/Vulkan is disabled on a machine started from this shell)"
+        if "VIRGL_ROUTE_VENUS_TO_APIR" in env
+        else ""
+    )
     return Check("apir.env", "warn" if note else "ok", "APIR variables point at existing files" + note)
 
 
 def check_apir_bundle(b: KrunBundle) -> Check:
     missing = [p.name for p in (b.ggml_backend, b.ggml_metal) if not p.is_file()]
     if missing:
-        return Check("apir.bundle", "warn", f"bundle lacks {', '.join(missing)}: only the Venus route is available",
-                     "install the full bundle (ggml-virtgpu-backend is part of .#krun)")
+        return Check(
+            "apir.bundle",
+            "warn",
+            f"bundle lacks {', '.join(missing)}: only the Venus route is available",
+            "install the full bundle (ggml-virtgpu-backend is part of .#krun)",
+        )
     return Check("apir.bundle", "ok", f"{b.ggml_backend.name} and {b.ggml_metal.name} present")
 
 
@@ -280,15 +357,24 @@ def check_dyld(env: dict[str, str]) -> Check:
         return Check("env.dyld", "ok", "DYLD_LIBRARY_PATH is not set")
     ssh = any(env.get(k) for k in ("SSH_CONNECTION", "SSH_CLIENT", "SSH_TTY"))
     if ssh:
-        return Check("env.dyld", "fail",
-                     f"DYLD_LIBRARY_PATH={dyld} in an SSH session: macOS drops DYLD_* there, so krunkit would not "
-                     "load the libraries it names",
-                     "unset DYLD_LIBRARY_PATH; `provision launch` picks libraries through the bundle, not DYLD")
-    return Check("env.dyld", "warn", f"DYLD_LIBRARY_PATH={dyld} can make krunkit load another virglrenderer",
-                 "unset DYLD_LIBRARY_PATH; the bundle's krunkit finds its libraries itself")
+        return Check(
+            "env.dyld",
+            "fail",
+            f"DYLD_LIBRARY_PATH={dyld} in an SSH session: macOS drops DYLD_* there, so krunkit would not "
+            "load the libraries it names",
+            "unset DYLD_LIBRARY_PATH; `provision launch` picks libraries through the bundle, not DYLD",
+        )
+    return Check(
+        "env.dyld",
+        "warn",
+        f"DYLD_LIBRARY_PATH={dyld} can make krunkit load another virglrenderer",
+        "unset DYLD_LIBRARY_PATH; the bundle's krunkit finds its libraries itself",
+    )
 
 
-def check_machine_memory(compat: dict[str, Any], machine: podman_machine.MachineInfo | None, vram_mib: int | None) -> Check:
+def check_machine_memory(
+    compat: dict[str, Any], machine: podman_machine.MachineInfo | None, vram_mib: int | None
+) -> Check:
     if machine is None:
         return Check("machine.memory", "skip", "no podman machine yet")
     try:
@@ -296,9 +382,15 @@ def check_machine_memory(compat: dict[str, Any], machine: podman_machine.Machine
     except ProvisionError as exc:
         return Check("machine.memory", "fail", f"machine {machine.name}: {exc.message}", exc.fix)
     if warns:
-        return Check("machine.memory", "warn", f"machine {machine.name}: " + "; ".join(warns),
-                     "lower the machine's memory with `provision launch --memory MiB`")
-    return Check("machine.memory", "ok", f"machine {machine.name}: {machine.memory_mib} MiB RAM within krunkit's limits")
+        return Check(
+            "machine.memory",
+            "warn",
+            f"machine {machine.name}: " + "; ".join(warns),
+            "lower the machine's memory with `provision launch --memory MiB`",
+        )
+    return Check(
+        "machine.memory", "ok", f"machine {machine.name}: {machine.memory_mib} MiB RAM within krunkit's limits"
+    )
 
 
 # --- orchestration --------------------------------------------------------------------------
@@ -319,9 +411,10 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
     checks.append(check_podman_finds_krunkit(found, tried, b))
     if b is not None:
         checks.append(check_firmware(b, kv, ctx.compat))
-        checks += check_libkrun_symbols(dylib.probe_symbols(b.libkrun, [s for s, _ in
-                                                                        versions.required_symbols(ctx.compat, kv)]),
-                                        versions.required_symbols(ctx.compat, kv))
+        checks += check_libkrun_symbols(
+            dylib.probe_symbols(b.libkrun, [s for s, _ in versions.required_symbols(ctx.compat, kv)]),
+            versions.required_symbols(ctx.compat, kv),
+        )
         checks.append(_static_virgl_link(b))
         lsof_out = run_tool(lsof.command_cmd("krunkit"))
         checks.append(check_loaded_virglrenderer(lsof_out[1] if lsof_out else None, b.virglrenderer))
@@ -330,7 +423,9 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
     checks.append(check_dyld(ctx.env))
     machine = None
     if podman:
-        res = run_tool(podman_machine.inspect_cmd(ctx.machine), env={**ctx.env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"})
+        res = run_tool(
+            podman_machine.inspect_cmd(ctx.machine), env={**ctx.env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"}
+        )
         if res and res[0] == 0:
             machine = podman_machine.find(podman_machine.parse_inspect(res[1]), ctx.machine)
     checks.append(check_machine_memory(ctx.compat, machine, ctx.vram_mib))
@@ -354,8 +449,22 @@ def _static_virgl_link(b: KrunBundle) -> Check:
 def _guest(ctx: DoctorContext, podman: str) -> list[Check]:
     from .doctor_guest import GUEST_SCRIPT, guest_checks
 
-    res = run_tool([podman, "run", "--rm", "--device", "/dev/dri", "--security-opt", "label=disable",
-                    ctx.guest_image or "", "sh", "-c", GUEST_SCRIPT], timeout=300)
+    res = run_tool(
+        [
+            podman,
+            "run",
+            "--rm",
+            "--device",
+            "/dev/dri",
+            "--security-opt",
+            "label=disable",
+            ctx.guest_image or "",
+            "sh",
+            "-c",
+            GUEST_SCRIPT,
+        ],
+        timeout=300,
+    )
     if res is None:
         return []
     return guest_checks(res[1], ctx.pinned_mesa, copr_expected=True)

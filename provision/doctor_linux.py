@@ -80,18 +80,36 @@ def check_qemu(tool: Tool | None, help_out: tuple[int, str] | None) -> list[Chec
         return [Check("linux.qemu", "fail", f"{QEMU} is not installed here or in ${HOST_TOOLS_ENV}", FIX_TOOLS)]
     out = [Check("linux.qemu", "ok", tool.where())]
     if help_out is None:
-        out.append(Check("linux.qemu.virtio-gpu-gl", "warn", "QEMU is in a chroot and this user cannot chroot",
-                         "run provision doctor as root"))
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "warn",
+                "QEMU is in a chroot and this user cannot chroot",
+                "run provision doctor as root",
+            )
+        )
         return out
     props = parse_device_help(help_out[1])
     missing = [p for p in GPU_PROPS if p not in props]
     if help_out[0] != 0 or not props:
         last = (help_out[1].strip().splitlines() or ["no output"])[-1]
-        out.append(Check("linux.qemu.virtio-gpu-gl", "fail", f"{GPU_DEVICE} unavailable: {last}",
-                         "install QEMU's OpenGL module (Debian: qemu-system-modules-opengl) " + "or " + FIX_TOOLS))
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "fail",
+                f"{GPU_DEVICE} unavailable: {last}",
+                "install QEMU's OpenGL module (Debian: qemu-system-modules-opengl) " + "or " + FIX_TOOLS,
+            )
+        )
     elif missing:
-        out.append(Check("linux.qemu.virtio-gpu-gl", "fail", f"{GPU_DEVICE} lacks {', '.join(missing)}: QEMU too old for Venus",
-                         "QEMU >= 9.2 has venus/blob/hostmem; " + FIX_TOOLS))
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "fail",
+                f"{GPU_DEVICE} lacks {', '.join(missing)}: QEMU too old for Venus",
+                "QEMU >= 9.2 has venus/blob/hostmem; " + FIX_TOOLS,
+            )
+        )
     else:
         out.append(Check("linux.qemu.virtio-gpu-gl", "ok", f"{GPU_DEVICE} has {', '.join(GPU_PROPS)}"))
     return out
@@ -99,11 +117,22 @@ def check_qemu(tool: Tool | None, help_out: tuple[int, str] | None) -> list[Chec
 
 def check_virglrenderer(lib: Path | None, server: Path | None) -> list[Check]:
     return [
-        Check("linux.virglrenderer", "ok", str(lib)) if lib else
-        Check("linux.virglrenderer", "fail", "libvirglrenderer.so.1 not found", "apt install libvirglrenderer1, or " + FIX_TOOLS),
-        Check("linux.virgl-render-server", "ok", str(server)) if server else
-        Check("linux.virgl-render-server", "fail", "virgl_render_server not found (Venus runs in it)",
-              "apt install virgl-server, or " + FIX_TOOLS),
+        Check("linux.virglrenderer", "ok", str(lib))
+        if lib
+        else Check(
+            "linux.virglrenderer",
+            "fail",
+            "libvirglrenderer.so.1 not found",
+            "apt install libvirglrenderer1, or " + FIX_TOOLS,
+        ),
+        Check("linux.virgl-render-server", "ok", str(server))
+        if server
+        else Check(
+            "linux.virgl-render-server",
+            "fail",
+            "virgl_render_server not found (Venus runs in it)",
+            "apt install virgl-server, or " + FIX_TOOLS,
+        ),
     ]
 
 
@@ -112,8 +141,12 @@ def check_display(render_nodes: list[str], xvfb: Tool | None) -> Check:
         return Check("linux.display", "ok", f"render node {render_nodes[0]}: -display egl-headless")
     if xvfb is not None:
         return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb.where()}: -display sdl,gl=on on Xvfb")
-    return Check("linux.display", "fail", "no /dev/dri render node and no Xvfb: QEMU has no GL context for virglrenderer",
-                 "apt install xvfb (with qemu-system-gui), or " + FIX_TOOLS)
+    return Check(
+        "linux.display",
+        "fail",
+        "no /dev/dri render node and no Xvfb: QEMU has no GL context for virglrenderer",
+        "apt install xvfb (with qemu-system-gui), or " + FIX_TOOLS,
+    )
 
 
 def classify_accel(kvm_exists: bool, cpuinfo: str, pvm_module: bool, dmesg: str) -> Check:
@@ -122,16 +155,23 @@ def classify_accel(kvm_exists: bool, cpuinfo: str, pvm_module: bool, dmesg: str)
         if line.startswith("flags"):
             flags.update(line.split(":", 1)[1].split())
     if not kvm_exists:
-        return Check("linux.accel", "warn", "no /dev/kvm: guests run under TCG (slow, but Venus works)",
-                     "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed")
+        return Check(
+            "linux.accel",
+            "warn",
+            "no /dev/kvm: guests run under TCG (slow, but Venus works)",
+            "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed",
+        )
     if "vmx" in flags or "svm" in flags:
         hw = "vmx" if "vmx" in flags else "svm"
         return Check("linux.accel", "ok", f"/dev/kvm with {hw}: KVM")
     if pvm_module or "kvm-pvm" in dmesg:
         why = "/sys/module/kvm_pvm" if pvm_module else "dmesg kvm-pvm"
-        return Check("linux.accel", "warn",
-                     f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, so guests run under TCG",
-                     "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm")
+        return Check(
+            "linux.accel",
+            "warn",
+            f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, so guests run under TCG",
+            "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm",
+        )
     return Check("linux.accel", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG", None)
 
 
@@ -142,8 +182,9 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     if qemu is not None and (qemu.root is None or os.geteuid() == 0):
         help_out = run_tool(qemu.argv("-device", f"{GPU_DEVICE},help"), timeout=60) or (127, "not runnable")
     checks = check_qemu(qemu, help_out)
-    checks += check_virglrenderer(find_file("libvirglrenderer.so.1", LIB_DIRS, env),
-                                  find_file("virgl_render_server", RENDER_SERVER_DIRS, env))
+    checks += check_virglrenderer(
+        find_file("libvirglrenderer.so.1", LIB_DIRS, env), find_file("virgl_render_server", RENDER_SERVER_DIRS, env)
+    )
     dri = Path("/dev/dri")
     nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
     checks.append(check_display(nodes, find_program("Xvfb", env)))
@@ -152,6 +193,12 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     except OSError:
         cpuinfo = ""
     dmesg = run_tool(["dmesg"], timeout=10)
-    checks.append(classify_accel(Path("/dev/kvm").exists(), cpuinfo, Path("/sys/module/kvm_pvm").exists(),
-                                 dmesg[1] if dmesg and dmesg[0] == 0 else ""))
+    checks.append(
+        classify_accel(
+            Path("/dev/kvm").exists(),
+            cpuinfo,
+            Path("/sys/module/kvm_pvm").exists(),
+            dmesg[1] if dmesg and dmesg[0] == 0 else "",
+        )
+    )
     return checks

@@ -54,8 +54,16 @@ def parse_llama_bench(text: str) -> list[BenchRow]:
         m = _TPS.match(rec.get("t/s", ""))
         if not m:
             continue
-        rows.append(BenchRow(rec.get("model", ""), rec.get("backend", ""), rec.get("ngl", ""),
-                             rec.get("dev", rec.get("device", "")), rec.get("test", ""), float(m.group(1))))
+        rows.append(
+            BenchRow(
+                rec.get("model", ""),
+                rec.get("backend", ""),
+                rec.get("ngl", ""),
+                rec.get("dev", rec.get("device", "")),
+                rec.get("test", ""),
+                float(m.group(1)),
+            )
+        )
     return rows
 
 
@@ -71,21 +79,43 @@ def venus_checks(vulkaninfo: str, gpu_bench: str, cpu_bench: str) -> list[Check]
     if apple:
         checks.append(Check("venus.device", "ok", f"{apple[0].name}"))
     else:
-        checks.append(Check("venus.device", "fail", f"no Venus device on the Apple GPU: {listing}",
-                            "run `provision doctor --guest-image localhost/krun-gpu/llama:latest`"))
+        checks.append(
+            Check(
+                "venus.device",
+                "fail",
+                f"no Venus device on the Apple GPU: {listing}",
+                "run `provision doctor --guest-image localhost/krun-gpu/llama:latest`",
+            )
+        )
     gpu, cpu = _pp(parse_llama_bench(gpu_bench)), _pp(parse_llama_bench(cpu_bench))
     if gpu is None or cpu is None:
         which = "GPU" if gpu is None else "CPU"
-        checks.append(Check("venus.speedup", "fail", f"no pp row in the {which} llama-bench output",
-                            "see the saved llama-bench output"))
+        checks.append(
+            Check(
+                "venus.speedup",
+                "fail",
+                f"no pp row in the {which} llama-bench output",
+                "see the saved llama-bench output",
+            )
+        )
         return checks
     if gpu.dev and gpu.dev != "Vulkan0":
-        checks.append(Check("venus.speedup", "fail", f"GPU run used device {gpu.dev}, not Vulkan0", "pass -dev Vulkan0"))
+        checks.append(
+            Check("venus.speedup", "fail", f"GPU run used device {gpu.dev}, not Vulkan0", "pass -dev Vulkan0")
+        )
         return checks
     ratio = gpu.tps / cpu.tps if cpu.tps > 0 else float("inf")
-    ev = f"{gpu.test}: Vulkan0 {gpu.tps:.1f} t/s vs CPU {cpu.tps:.1f} t/s = {ratio:.2f}x (need >= {MIN_PP_SPEEDUP:.0f}x)"
-    checks.append(Check("venus.speedup", "ok" if ratio >= MIN_PP_SPEEDUP else "fail", ev,
-                        None if ratio >= MIN_PP_SPEEDUP else "check that -ngl 99 -dev Vulkan0 reached Venus"))
+    ev = (
+        f"{gpu.test}: Vulkan0 {gpu.tps:.1f} t/s vs CPU {cpu.tps:.1f} t/s = {ratio:.2f}x (need >= {MIN_PP_SPEEDUP:.0f}x)"
+    )
+    checks.append(
+        Check(
+            "venus.speedup",
+            "ok" if ratio >= MIN_PP_SPEEDUP else "fail",
+            ev,
+            None if ratio >= MIN_PP_SPEEDUP else "check that -ngl 99 -dev Vulkan0 reached Venus",
+        )
+    )
     return checks
 
 
@@ -98,14 +128,23 @@ def apir_checks(bench: str) -> list[Check]:
         pp = _pp(rows)
         extra = f"; {pp.test} {pp.tps:.1f} t/s" if pp else ""
         return [Check("apir.backend", "ok", f"backend {', '.join(backends)}{extra}")]
-    return [Check("apir.backend", "fail", f"llama-bench reports backend {', '.join(backends)}, not ggml-virtgpu",
-                  "launch with `provision launch --route apir` and run the llama-apir stack with --gpu")]
+    return [
+        Check(
+            "apir.backend",
+            "fail",
+            f"llama-bench reports backend {', '.join(backends)}, not ggml-virtgpu",
+            "launch with `provision launch --route apir` and run the llama-apir stack with --gpu",
+        )
+    ]
 
 
 def report(route: str, checks: list[Check], facts: str = "") -> str:
     verdict = "FAIL" if failed(checks) else "PASS"
-    lines = [f"### krun-gpu macOS {route} check: {verdict}", "",
-             f"- host: {platform.platform()} ({platform.machine()})"]
+    lines = [
+        f"### krun-gpu macOS {route} check: {verdict}",
+        "",
+        f"- host: {platform.platform()} ({platform.machine()})",
+    ]
     lines += [f"- {line}" for line in facts.strip().splitlines() if line.strip()]
     lines += ["", "| status | check | evidence |", "| --- | --- | --- |"]
     lines += [f"| {c.status} | {c.id} | {c.evidence.replace('|', '/')} |" for c in checks]

@@ -100,7 +100,11 @@ class LaunchPlan:
 def check_memory(compat: dict[str, Any], ram_mib: int | None, vram_mib: int | None) -> list[str]:
     """E031 for what krunkit cannot map; warnings for what it will silently shrink."""
     limits = compat["krunkit_memory"]
-    max_ram, window, space = int(limits["max_ram_mib"]), int(limits["vram_window_mib"]), int(limits["address_space_mib"])
+    max_ram, window, space = (
+        int(limits["max_ram_mib"]),
+        int(limits["vram_window_mib"]),
+        int(limits["address_space_mib"]),
+    )
     warnings: list[str] = []
     if ram_mib is None:
         return warnings
@@ -167,8 +171,12 @@ def plan_launch(
     name = request.machine
     steps: list[Step] = []
     if machine is None:
-        steps.append(Step(tuple(podman_machine.init_cmd(name, cpus=request.cpus, memory_mib=request.memory_mib)),
-                          "machine absent: create it with the libkrun provider"))
+        steps.append(
+            Step(
+                tuple(podman_machine.init_cmd(name, cpus=request.cpus, memory_mib=request.memory_mib)),
+                "machine absent: create it with the libkrun provider",
+            )
+        )
         steps.append(Step(tuple(podman_machine.start_cmd(name)), f"start krunkit with the {request.route} env"))
     else:
         resize = (request.cpus is not None and request.cpus != machine.cpus) or (
@@ -179,11 +187,19 @@ def plan_launch(
             was = recorded_route or "an unknown route (not started by provision)"
             warnings.append(f"machine {name} is running with {was}; restarting it on the {request.route} route")
         if machine.running and (other_route or resize):
-            steps.append(Step(tuple(podman_machine.stop_cmd(name)),
-                              "krunkit reads its env only at start" if other_route else "resizing needs a stopped machine"))
+            steps.append(
+                Step(
+                    tuple(podman_machine.stop_cmd(name)),
+                    "krunkit reads its env only at start" if other_route else "resizing needs a stopped machine",
+                )
+            )
         if resize:
-            steps.append(Step(tuple(podman_machine.set_cmd(name, cpus=request.cpus, memory_mib=request.memory_mib)),
-                              "apply --cpus/--memory"))
+            steps.append(
+                Step(
+                    tuple(podman_machine.set_cmd(name, cpus=request.cpus, memory_mib=request.memory_mib)),
+                    "apply --cpus/--memory",
+                )
+            )
         if not machine.running or other_route or resize:
             steps.append(Step(tuple(podman_machine.start_cmd(name)), f"start krunkit with the {request.route} env"))
         else:

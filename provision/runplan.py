@@ -21,9 +21,9 @@ MODEL_DIR = "/models"
 IMAGE_PREFIX = "localhost/krun-gpu"
 
 
-def image_ref(stack: Stack) -> str:
-    """The local image `provision image build` tags for a stack."""
-    return f"{IMAGE_PREFIX}/{stack.name}:latest"
+def image_repo(stack: Stack) -> str:
+    """The repository `provision image build` tags a stack's images under (tag = content hash)."""
+    return f"{IMAGE_PREFIX}/{stack.name}"
 
 
 def guest_env(stack: Stack, route: str, compat: dict[str, Any]) -> dict[str, str]:
@@ -52,7 +52,7 @@ def plan_run(
     model_path: Path | None,
     command: Sequence[str],
     compat: dict[str, Any],
-    image: str | None = None,
+    image: str,
 ) -> RunPlan:
     catalog.check_gpu(stack, gpu)
     chosen = catalog.check_route(stack, route)
@@ -75,6 +75,6 @@ def plan_run(
         env["PROVISION_MODEL"] = model_in_guest
     for key in sorted(env):
         argv += ["-e", f"{key}={env[key]}"]
-    argv.append(image or image_ref(stack))
+    argv.append(image)
     argv += list(command)
     return RunPlan(tuple(argv), chosen, gpu, model_in_guest)

@@ -47,7 +47,9 @@ _PODMAN = re.compile(r"^podman(?:\.exe)? version (\d+\.\d+\.\d+)\S*\s*$", re.MUL
 _KRUNKIT = re.compile(r"^krunkit (\d+\.\d+\.\d+)\S*\s*$", re.MULTILINE)
 # libkrun has no CLI: its version comes from the pkg-config file or the store/Cellar path.
 _PC_VERSION = re.compile(r"^Version:\s*(\d+\.\d+\.\d+)\s*$", re.MULTILINE)
-_LIBKRUN_PATH = re.compile(r"(?:/nix/store/[0-9a-z]{32}-libkrun(?:-efi|-gpu)?-|/Cellar/libkrun(?:-efi)?/)(\d+\.\d+\.\d+)")
+_LIBKRUN_PATH = re.compile(
+    r"(?:/nix/store/[0-9a-z]{32}-libkrun(?:-efi|-gpu)?-|/Cellar/libkrun(?:-efi)?/)(\d+\.\d+\.\d+)"
+)
 
 
 def parse_podman(output: str) -> Version:
@@ -91,32 +93,40 @@ def pairing_problems(
     if podman is not None:
         pmin = Version.parse(compat["podman_min"])
         if podman < pmin:
-            problems.append(Problem(
-                f"podman {podman} is older than {pmin}: {compat.get('podman_min_why', 'no libkrun provider')}",
-                f"install podman >= {pmin}",
-            ))
+            problems.append(
+                Problem(
+                    f"podman {podman} is older than {pmin}: {compat.get('podman_min_why', 'no libkrun provider')}",
+                    f"install podman >= {pmin}",
+                )
+            )
         if krunkit is not None:
             for rule in compat["podman_krunkit"]:
                 if podman >= Version.parse(rule["podman_min"]) and krunkit < Version.parse(rule["krunkit_min"]):
-                    problems.append(Problem(
-                        f"podman {podman} needs krunkit >= {rule['krunkit_min']}, found {krunkit}: {rule['why']}",
-                        f"use the krun bundle's krunkit ({rule['krunkit_min']} or newer) via CONTAINERS_HELPER_BINARY_DIR",
-                    ))
+                    problems.append(
+                        Problem(
+                            f"podman {podman} needs krunkit >= {rule['krunkit_min']}, found {krunkit}: {rule['why']}",
+                            f"use the bundle's krunkit (>= {rule['krunkit_min']}) via CONTAINERS_HELPER_BINARY_DIR",
+                        )
+                    )
     if krunkit is not None and libkrun is not None:
         rows = [r for r in compat["krunkit_libkrun"] if r["krunkit"] == krunkit.series()]
         if not rows:
             known = ", ".join(r["krunkit"] for r in compat["krunkit_libkrun"])
-            problems.append(Problem(
-                f"krunkit {krunkit} is not in the compat table (known series: {known})",
-                "use the pinned krunkit from the krun bundle",
-            ))
+            problems.append(
+                Problem(
+                    f"krunkit {krunkit} is not in the compat table (known series: {known})",
+                    "use the pinned krunkit from the krun bundle",
+                )
+            )
         for r in rows:
             lo, hi = Version.parse(r["libkrun_min"]), Version.parse(r["libkrun_below"])
             if not (lo <= libkrun < hi):
-                problems.append(Problem(
-                    f"krunkit {krunkit} needs libkrun >= {lo} and < {hi}, found {libkrun}: {r['why']}",
-                    "install krunkit and libkrun as the pinned pair (nix profile add .#krun)",
-                ))
+                problems.append(
+                    Problem(
+                        f"krunkit {krunkit} needs libkrun >= {lo} and < {hi}, found {libkrun}: {r['why']}",
+                        "install krunkit and libkrun as the pinned pair (nix profile add .#krun)",
+                    )
+                )
     return problems
 
 

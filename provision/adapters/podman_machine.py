@@ -82,14 +82,16 @@ def parse_list(text: str) -> list[MachineInfo]:
         # Older podman marks the default machine with a trailing '*' in Name.
         name = str(row.get("Name", "")).rstrip("*")
         mem_bytes = _int(row.get("Memory"))
-        out.append(MachineInfo(
-            name=name,
-            running=bool(row.get("Running")) or bool(row.get("Starting")),
-            vm_type=row.get("VMType"),
-            cpus=_int(row.get("CPUs")),
-            memory_mib=None if mem_bytes is None else mem_bytes // (1024 * 1024),
-            default=bool(row.get("Default")),
-        ))
+        out.append(
+            MachineInfo(
+                name=name,
+                running=bool(row.get("Running")) or bool(row.get("Starting")),
+                vm_type=row.get("VMType"),
+                cpus=_int(row.get("CPUs")),
+                memory_mib=None if mem_bytes is None else mem_bytes // (1024 * 1024),
+                default=bool(row.get("Default")),
+            )
+        )
     return out
 
 
@@ -100,13 +102,15 @@ def parse_inspect(text: str) -> list[MachineInfo]:
     out = []
     for row in data:
         res = row.get("Resources") or {}
-        out.append(MachineInfo(
-            name=str(row.get("Name", "")),
-            running=str(row.get("State", "")).lower() in ("running", "starting"),
-            vm_type=row.get("VMType"),
-            cpus=_int(res.get("CPUs")),
-            memory_mib=_int(res.get("Memory")),
-        ))
+        out.append(
+            MachineInfo(
+                name=str(row.get("Name", "")),
+                running=str(row.get("State", "")).lower() in ("running", "starting"),
+                vm_type=row.get("VMType"),
+                cpus=_int(res.get("CPUs")),
+                memory_mib=_int(res.get("Memory")),
+            )
+        )
     return out
 
 

@@ -28,8 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--machine", default=DEFAULT_MACHINE)
     p.add_argument("--cpus", type=int, default=None)
     p.add_argument("--memory", type=int, default=None, metavar="MiB", help="guest RAM (krunkit caps it at 61440)")
-    p.add_argument("--vram", type=int, default=None, metavar="MiB",
-                   help="VRAM the GPU stacks need (default: the largest gpu_vram_mib of the darwin stacks)")
+    p.add_argument(
+        "--vram",
+        type=int,
+        default=None,
+        metavar="MiB",
+        help="VRAM the GPU stacks need (default: the largest gpu_vram_mib of the darwin stacks)",
+    )
     p.add_argument("--krun", type=Path, default=None, help="krun bundle prefix (default: the Nix profile)")
     p.add_argument("--apir-log-dir", default=None, help="APIR route: write virglrenderer/ggml APIR logs here")
     p.add_argument("--dry-run", action="store_true", help="print the plan (shell lines to source) and run nothing")
@@ -39,7 +44,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     request = LaunchRequest(
-        route=args.route, machine=args.machine, cpus=args.cpus, memory_mib=args.memory,
+        route=args.route,
+        machine=args.machine,
+        cpus=args.cpus,
+        memory_mib=args.memory,
         vram_mib=args.vram if args.vram is not None else doctor.default_vram_mib(),
         apir_log_dir=args.apir_log_dir,
     )
@@ -48,13 +56,20 @@ def run(args: argparse.Namespace) -> int:
         b = bundle_mod.locate(args.krun, env=env)
         # Off macOS (or without podman) the machine cannot be asked: plan as for a new one.
         machine = observe_machine(request.machine, env) if sys.platform == "darwin" and shutil.which("podman") else None
-        plan = plan_launch(request, b, pins.default().compat, machine=machine,
-                           recorded_route=machine_state.recorded_route(request.machine))
+        plan = plan_launch(
+            request,
+            b,
+            pins.default().compat,
+            machine=machine,
+            recorded_route=machine_state.recorded_route(request.machine),
+        )
         print(dumps(plan.as_dict()) if args.json else plan.shell(), end="" if not args.json else "\n")
         return 0
     if sys.platform != "darwin":
-        raise WrongPlatform("provision launch starts a podman machine with krunkit, which needs macOS on Apple Silicon",
-                            fix="on Linux use `provision run` (QEMU route); `--dry-run` shows the macOS plan anywhere")
+        raise WrongPlatform(
+            "provision launch starts a podman machine with krunkit, which needs macOS on Apple Silicon",
+            fix="on Linux use `provision run` (QEMU route); `--dry-run` shows the macOS plan anywhere",
+        )
     plan = DarwinBackend(args.krun).launch(request)
     if args.json:
         print(dumps({"launched": plan.as_dict()}))

@@ -45,20 +45,20 @@ def split_command(args: argparse.Namespace) -> list[str]:
 
 
 def resolve_model(ref: str | None) -> Path | None:
-    """A store name through the model store (provision.models.verified_path), else an existing file."""
+    """A GGUF path as given, else a store name through the verified model store (provision.models.ensure)."""
     if ref is None:
         return None
-    try:
-        models = importlib.import_module("provision.models")
-    except ModuleNotFoundError:
-        models = None
-    if models is not None and hasattr(models, "verified_path"):
-        path: Path = models.verified_path(ref)
-        return path
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
-    raise UnknownModel(f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path")
+    try:
+        models = importlib.import_module("provision.models")
+    except ModuleNotFoundError:
+        raise UnknownModel(
+            f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"
+        ) from None
+    path: Path = models.ensure(ref)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import bundle as bundle_mod
-from .. import machine_state, pins, versions
+from .. import catalog, machine_state, pins, versions
 from ..adapters import lsof, podman_machine
 from ..bundle import KrunBundle
 from ..catalog import Stack
 from ..doctor_darwin import libkrun_version, run_tool
-from ..errors import MachineFailed, RunTimeout, ToolMissing, UnknownRoute, VersionSkew
+from ..errors import ImageBuildFailed, MachineFailed, RunTimeout, ToolMissing, UnknownRoute, VersionSkew
 from ..launch import LaunchPlan, LaunchRequest, plan_launch
-from ..runplan import plan_run
+from ..runplan import image_repo, plan_run
 
 
 def observe_machine(name: str, env: dict[str, str]) -> podman_machine.MachineInfo | None:
@@ -53,13 +53,29 @@ def verify_virglrenderer(lsof_output: str, expected: str) -> str:
     libs = lsof.libraries_named(lsof.parse_fields(lsof_output), "libvirglrenderer")
     want = Path(expected).resolve()
     if not libs:
-        raise MachineFailed("krunkit is not running or mapped no libvirglrenderer (GPU off)",
-                            fix="run `provision doctor`; check `podman machine start --log-level=debug`")
+        raise MachineFailed(
+            "krunkit is not running or mapped no libvirglrenderer (GPU off)",
+            fix="run `provision doctor`; check `podman machine start --log-level=debug`",
+        )
     wrong = [p for p in libs if Path(p).resolve() != want]
     if wrong:
-        raise MachineFailed(f"krunkit mapped {', '.join(wrong)}, not our {want}",
-                            fix="another krunkit/virglrenderer is first in podman's helper search; run `provision doctor`")
+        raise MachineFailed(
+            f"krunkit mapped {', '.join(wrong)}, not our {want}",
+            fix="another krunkit/virglrenderer is first in podman's helper search; run `provision doctor`",
+        )
     return libs[0]
+
+
+def newest_image(stack: Stack) -> str:
+    """The most recent image `provision image build STACK` made (podman lists newest first)."""
+    repo = image_repo(stack)
+    res = run_tool(["podman", "images", "--filter", f"reference={repo}", "--format", "{{.Repository}}:{{.Tag}}"])
+    if res is None:
+        raise ToolMissing("podman is not installed", fix="install podman >= 5.2")
+    refs = [line.strip() for line in res[1].splitlines() if line.strip().startswith(repo + ":")]
+    if res[0] != 0 or not refs:
+        raise ImageBuildFailed(f"no image {repo}:* on the podman machine", fix=f"provision image build {stack.name}")
+    return refs[0]
 
 
 class DarwinBackend:
@@ -72,8 +88,13 @@ class DarwinBackend:
         env = dict(os.environ) if env is None else env
         b = bundle_mod.locate(self.krun, env=env)
         machine = observe_machine(request.machine, env)
-        plan = plan_launch(request, b, pins.default().compat, machine=machine,
-                           recorded_route=machine_state.recorded_route(request.machine))
+        plan = plan_launch(
+            request,
+            b,
+            pins.default().compat,
+            machine=machine,
+            recorded_route=machine_state.recorded_route(request.machine),
+        )
         return plan, b
 
     def launch(self, request: LaunchRequest) -> LaunchPlan:
@@ -85,8 +106,10 @@ class DarwinBackend:
             proc = subprocess.run(list(step.argv), env=child, check=False, text=True, capture_output=True)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip()[-800:]
-                raise MachineFailed(f"`{' '.join(step.argv)}` exited {proc.returncode}: {tail}",
-                                    fix="run `provision doctor`; `krunkit: unexpected argument` means version skew")
+                raise MachineFailed(
+                    f"`{' '.join(step.argv)}` exited {proc.returncode}: {tail}",
+                    fix="run `provision doctor`; `krunkit: unexpected argument` means version skew",
+                )
         out = run_tool(list(plan.verify.argv), env=child)
         if out is None:
             raise ToolMissing("lsof is not installed", fix="lsof ships with macOS; check PATH")
@@ -104,8 +127,16 @@ class DarwinBackend:
         route: str | None,
         machine: str = podman_machine.DEFAULT_MACHINE,
     ) -> int:
-        plan = plan_run(stack, gpu=gpu, route=route, model_path=model_path, command=command,
-                        compat=pins.default().compat)
+        catalog.check_gpu(stack, gpu)
+        plan = plan_run(
+            stack,
+            gpu=gpu,
+            route=route,
+            model_path=model_path,
+            command=command,
+            compat=pins.default().compat,
+            image=newest_image(stack),
+        )
         if gpu:
             recorded = machine_state.recorded_route(machine)
             if recorded != plan.route:
@@ -117,8 +148,10 @@ class DarwinBackend:
         try:
             proc = subprocess.run(list(plan.argv), timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
-            raise RunTimeout(f"{' '.join(command)} did not finish within {timeout} s",
-                             fix="raise --timeout, or check the GPU with `provision doctor`") from None
+            raise RunTimeout(
+                f"{' '.join(command)} did not finish within {timeout} s",
+                fix="raise --timeout, or check the GPU with `provision doctor`",
+            ) from None
         return proc.returncode
 
 
