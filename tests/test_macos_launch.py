@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from macos_fixtures import make_bundle
 
-from provision import errors, pins
+from provision import cli, errors, pins
 from provision.adapters.podman_machine import MachineInfo
 from provision.bundle import KrunBundle
 from provision.launch import APIR_HOST_ENV, LaunchRequest, plan_launch
@@ -110,8 +110,25 @@ def test_unknown_route_and_bad_numbers_fail_with_codes():
         plan_launch(LaunchRequest(cpus=0), B, COMPAT, machine=None, recorded_route=None)
 
 
-def _provision(args, env, cwd=None):
-    return subprocess.run([sys.executable, "-m", "provision", *args], capture_output=True, text=True, env=env, cwd=cwd)
+class Result:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+@pytest.fixture
+def provision_cli(capsys, monkeypatch):
+    """The CLI in-process (same main() the console script runs), with the given environment."""
+
+    def call(args, env):
+        for k in list(os.environ):
+            monkeypatch.delenv(k)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        code = cli.main(args)
+        out = capsys.readouterr()
+        return Result(code, out.out, out.err)
+
+    return call
 
 
 @pytest.fixture
@@ -136,7 +153,8 @@ def test_dry_run_is_sourced_by_bash(bundle_with_space, tmp_path):
     assert out.stdout.strip() == "[unset] libkrun"
 
 
-def test_dry_run_json_is_the_plan(bundle_with_space, tmp_path):
+def test_dry_run_json_is_the_plan(bundle_with_space, tmp_path, provision_cli):
+    _provision = provision_cli
     env = {**os.environ, "PROVISION_STATE": str(tmp_path / "state")}
     res = _provision(["launch", "--dry-run", "--json", "--krun", str(bundle_with_space), "--memory", "8192"], env)
     assert res.returncode == 0, res.stderr
@@ -150,7 +168,8 @@ def test_dry_run_json_is_the_plan(bundle_with_space, tmp_path):
     assert refused.returncode == errors.MemoryLimit.exit_status and "E031" in refused.stderr
 
 
-def test_missing_bundle_is_e030_naming_where_it_looked(tmp_path):
+def test_missing_bundle_is_e030_naming_where_it_looked(tmp_path, provision_cli):
+    _provision = provision_cli
     env = {**os.environ, "HOME": str(tmp_path), "USER": "nobody-here", "XDG_STATE_HOME": str(tmp_path / "st")}
     res = _provision(["launch", "--dry-run"], env)
     assert res.returncode == errors.KrunBundleMissing.exit_status
@@ -160,6 +179,7 @@ def test_missing_bundle_is_e030_naming_where_it_looked(tmp_path):
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="checks the refusal off macOS")
-def test_launch_for_real_off_macos_is_wrong_platform(bundle_with_space):
+def test_launch_for_real_off_macos_is_wrong_platform(bundle_with_space, provision_cli):
+    _provision = provision_cli
     res = _provision(["launch", "--krun", str(bundle_with_space)], dict(os.environ))
     assert res.returncode == errors.WrongPlatform.exit_status and "E033" in res.stderr
