@@ -52,8 +52,15 @@ def cc_exe(src: str, out: Path) -> Path:
     return out
 
 
-def make_bundle(root: Path, *, gpu: bool = True, krunkit_version: str = "1.3.2", libkrun_version: str = "1.19.3",
-                firmware: bool = True, apir: bool = True) -> Path:
+def make_bundle(
+    root: Path,
+    *,
+    gpu: bool = True,
+    krunkit_version: str = "1.3.2",
+    libkrun_version: str = "1.19.3",
+    firmware: bool = True,
+    apir: bool = True,
+) -> Path:
     (root / "bin").mkdir(parents=True)
     krunkit = root / "bin" / "krunkit"
     # krunkit's clap parser prints "<name> <version>" for --version.
@@ -67,7 +74,8 @@ def make_bundle(root: Path, *, gpu: bool = True, krunkit_version: str = "1.3.2",
         cc_shared("void *ggml_backend_metal_reg(void) { return 0; }\n", lib / "libggml-metal.dylib")
     (lib / "pkgconfig").mkdir()
     (lib / "pkgconfig" / "libkrun.pc").write_text(
-        f"prefix={root}\nlibdir=${{prefix}}/lib\n\nName: libkrun\nDescription: krun\nVersion: {libkrun_version}\nLibs: -lkrun\n"
+        f"prefix={root}\nlibdir=${{prefix}}/lib\n\nName: libkrun\nDescription: krun\n"
+        f"Version: {libkrun_version}\nLibs: -lkrun\n"
     )
     if firmware:
         (root / "share" / "krunkit").mkdir(parents=True)

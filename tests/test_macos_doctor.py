@@ -88,7 +88,7 @@ def test_podman_helper_search_order(tmp_path):
     other.mkdir(parents=True)
     shutil.copy(ours / "bin" / "krunkit", other / "krunkit")
     conf = tmp_path / "containers.conf"
-    conf.write_text('[engine]\nhelper_binaries_dir = ["$BINDIR/../libexec/podman", "%s"]\n' % other)
+    conf.write_text(f'[engine]\nhelper_binaries_dir = ["$BINDIR/../libexec/podman", "{other}"]\n')
     merged = dd.read_containers_conf([conf])
     env = {"PATH": "/usr/bin"}
     found, tried = dd.find_helper("krunkit", env, merged, Path("/usr/bin"))
@@ -113,8 +113,12 @@ def test_version_strings_from_the_tools_and_skew():
         versions.parse_podman("krunkit 1.3.2")
     with pytest.raises(ValueError):
         versions.parse_krunkit(real_podman)
-    assert versions.parse_libkrun_path("/nix/store/" + "a" * 32 + "-libkrun-1.19.3/lib/libkrun.1.dylib") == versions.Version(1, 19, 3)
-    assert versions.parse_libkrun_path("/opt/homebrew/Cellar/libkrun/1.19.6/lib/libkrun.1.dylib") == versions.Version(1, 19, 6)
+    assert versions.parse_libkrun_path(
+        "/nix/store/" + "a" * 32 + "-libkrun-1.19.3/lib/libkrun.1.dylib"
+    ) == versions.Version(1, 19, 3)
+    assert versions.parse_libkrun_path("/opt/homebrew/Cellar/libkrun/1.19.6/lib/libkrun.1.dylib") == versions.Version(
+        1, 19, 6
+    )
     ok, kv = dd.check_versions(COMPAT, "podman version 6.0.2\n", "krunkit 1.3.2\n", versions.Version(1, 19, 3))
     assert [c.status for c in ok] == ["ok", "ok"] and kv == versions.Version(1, 3, 2)
     # podman#29439: podman 6 passes --timesync, which krunkit 1.2 rejects; krunkit 1.3 needs libkrun >= 1.19.3.
@@ -202,8 +206,14 @@ def test_machine_memory_limits():
 
 def test_darwin_checks_end_to_end_on_a_bundle_built_here(tmp_path):
     b = make_bundle(tmp_path / "krun")
-    ctx = dd.DoctorContext(platform="darwin", env={"PATH": os.environ["PATH"], "USER": "u"}, home=tmp_path,
-                           compat=COMPAT, krun=b, vram_mib=4096)
+    ctx = dd.DoctorContext(
+        platform="darwin",
+        env={"PATH": os.environ["PATH"], "USER": "u"},
+        home=tmp_path,
+        compat=COMPAT,
+        krun=b,
+        vram_mib=4096,
+    )
     by_id = {c.id: c for c in dd.darwin_checks(ctx)}
     assert by_id["krun.bundle"].status == "ok"
     assert by_id["libkrun.gpu"].status == "ok"

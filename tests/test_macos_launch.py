@@ -26,7 +26,9 @@ def argvs(plan):
 
 
 def test_venus_on_a_new_machine_inits_then_starts_with_libkrun_and_our_krunkit():
-    plan = plan_launch(LaunchRequest(cpus=4, memory_mib=8192, vram_mib=4096), B, COMPAT, machine=None, recorded_route=None)
+    plan = plan_launch(
+        LaunchRequest(cpus=4, memory_mib=8192, vram_mib=4096), B, COMPAT, machine=None, recorded_route=None
+    )
     assert plan.env == {
         "CONTAINERS_MACHINE_PROVIDER": "libkrun",
         "CONTAINERS_HELPER_BINARY_DIR": "/Users/me/.nix-profile/bin",
@@ -140,7 +142,8 @@ def test_dry_run_is_sourced_by_bash(bundle_with_space, tmp_path):
     env = {**os.environ, "VIRGL_ROUTE_VENUS_TO_APIR": "1", "PROVISION_STATE": str(tmp_path / "state")}
     script = (
         f'source <({sys.executable} -m provision launch --dry-run --krun "{bundle_with_space}" --route apir); '
-        'printf "%s|%s|%s\\n" "$VIRGL_ROUTE_VENUS_TO_APIR" "$CONTAINERS_HELPER_BINARY_DIR" "$APIR_LLAMA_CPP_GGML_LIBRARY_REG"'
+        'printf "%s|%s|%s\\n" "$VIRGL_ROUTE_VENUS_TO_APIR" "$CONTAINERS_HELPER_BINARY_DIR" '
+        '"$APIR_LLAMA_CPP_GGML_LIBRARY_REG"'
     )
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == f"1|{bundle_with_space}/bin|ggml_backend_metal_reg"
