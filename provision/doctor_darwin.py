@@ -156,6 +156,25 @@ def check_podman_finds_krunkit(found: Path | None, tried: list[str], b: KrunBund
     return Check("podman.krunkit", "ok", f"podman finds {found}")
 
 
+def check_provider(env: dict[str, str], conf: dict[str, Any], podman: versions.Version | None) -> Check:
+    """Which provider a plain `podman machine` command uses (provision always passes libkrun)."""
+    if env.get("CONTAINERS_MACHINE_PROVIDER"):
+        provider, source = env["CONTAINERS_MACHINE_PROVIDER"], "CONTAINERS_MACHINE_PROVIDER"
+    elif conf.get("machine.provider"):
+        provider, source = str(conf["machine.provider"]), "containers.conf [machine] provider"
+    else:
+        default = "libkrun" if podman is not None and podman >= versions.Version(6, 0, 0) else "applehv"
+        provider, source = default, f"podman {podman or '?'} default"
+    if provider == "libkrun":
+        return Check("machine.provider", "ok", f"libkrun ({source})")
+    return Check(
+        "machine.provider",
+        "warn",
+        f"plain `podman machine` commands use {provider} ({source}): they do not see the libkrun machine",
+        "export CONTAINERS_MACHINE_PROVIDER=libkrun (provision launch sets it for its own commands)",
+    )
+
+
 # --- versions -------------------------------------------------------------------------------
 
 
@@ -409,6 +428,11 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
     conf = read_containers_conf(containers_conf_files(ctx.env, ctx.home))
     found, tried = find_helper("krunkit", ctx.env, conf, Path(podman).resolve().parent if podman else None)
     checks.append(check_podman_finds_krunkit(found, tried, b))
+    try:
+        podman_v = versions.parse_podman(pv_out[1]) if pv_out else None
+    except ValueError:
+        podman_v = None
+    checks.append(check_provider(ctx.env, conf, podman_v))
     if b is not None:
         checks.append(check_firmware(b, kv, ctx.compat))
         checks += check_libkrun_symbols(

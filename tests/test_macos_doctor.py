@@ -225,3 +225,13 @@ def test_darwin_checks_end_to_end_on_a_bundle_built_here(tmp_path):
     if shutil.which("otool") is None:  # Linux: no Mach-O tools, the static link check says so
         assert by_id["libkrun.links-virglrenderer"].status == "skip"
     assert by_id["krunkit.virglrenderer"].status == "skip"  # no krunkit running here
+
+
+def test_machine_provider_seen_by_plain_podman(tmp_path):
+    v5, v6 = versions.Version(5, 7, 0), versions.Version(6, 0, 2)
+    assert dd.check_provider({}, {}, v5).status == "warn"  # podman 5 defaults to applehv
+    assert dd.check_provider({}, {}, v6).status == "ok"  # podman 6: libkrun by default
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[machine]\nprovider = "libkrun"\n')
+    assert dd.check_provider({}, dd.read_containers_conf([conf]), v5).status == "ok"
+    assert dd.check_provider({"CONTAINERS_MACHINE_PROVIDER": "applehv"}, {}, v6).status == "warn"

@@ -106,6 +106,10 @@ class DarwinBackend:
             proc = subprocess.run(list(step.argv), env=child, check=False, text=True, capture_output=True)
             if proc.returncode != 0:
                 tail = (proc.stderr or proc.stdout).strip()[-800:]
+                if "krunkit: unexpected argument" in tail:  # podman#29439: podman newer than krunkit
+                    raise VersionSkew(
+                        f"`{' '.join(step.argv)}`: {tail}", fix="run `provision doctor` (versions.pairing)"
+                    )
                 raise MachineFailed(
                     f"`{' '.join(step.argv)}` exited {proc.returncode}: {tail}",
                     fix="run `provision doctor`; `krunkit: unexpected argument` means version skew",
