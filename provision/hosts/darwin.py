@@ -132,23 +132,25 @@ class DarwinBackend:
         machine: str = podman_machine.DEFAULT_MACHINE,
     ) -> int:
         catalog.check_gpu(stack, gpu)
+        chosen = catalog.check_route(stack, route)
+        if gpu:
+            # krunkit's route is fixed at machine start: a GPU run on the wrong one cannot work.
+            recorded = machine_state.recorded_route(machine)
+            if recorded != chosen:
+                raise UnknownRoute(
+                    f"machine {machine} was launched on route {recorded or '(none: not started by provision)'}, "
+                    f"stack {stack.name!r} needs {chosen}",
+                    fix=f"provision launch --route {chosen}",
+                )
         plan = plan_run(
             stack,
             gpu=gpu,
-            route=route,
+            route=chosen,
             model_path=model_path,
             command=command,
             compat=pins.default().compat,
             image=newest_image(stack),
         )
-        if gpu:
-            recorded = machine_state.recorded_route(machine)
-            if recorded != plan.route:
-                raise UnknownRoute(
-                    f"machine {machine} was launched on route {recorded or '(none: not started by provision)'}, "
-                    f"stack {stack.name!r} needs {plan.route}",
-                    fix=f"provision launch --route {plan.route}",
-                )
         try:
             proc = subprocess.run(list(plan.argv), timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
