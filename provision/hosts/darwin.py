@@ -19,7 +19,7 @@ from ..adapters import lsof, podman_machine
 from ..bundle import KrunBundle
 from ..catalog import Stack
 from ..doctor_darwin import libkrun_version, run_tool
-from ..errors import ImageBuildFailed, MachineFailed, RunTimeout, ToolMissing, UnknownRoute, VersionSkew
+from ..errors import ApirCheckFailed, ImageBuildFailed, MachineFailed, RunTimeout, ToolMissing, UnknownRoute, VersionSkew
 from ..launch import LaunchPlan, LaunchRequest, plan_launch
 from ..runplan import image_repo, plan_run
 
@@ -101,6 +101,13 @@ class DarwinBackend:
         env = dict(os.environ)
         plan, b = self.plan(request, env=env)
         check_pairing(b, env)
+        if plan.route == "apir":
+            for key in ("VIRGL_APIR_BACKEND_LIBRARY", "APIR_LLAMA_CPP_GGML_LIBRARY_PATH"):
+                if not Path(plan.env[key]).is_file():
+                    raise ApirCheckFailed(
+                        f"{key}={plan.env[key]}: no such file in the krun bundle",
+                        fix="install the full bundle (nix profile add .#krun), or use --route venus",
+                    )
         child = plan.child_env(env)
         for step in plan.steps:
             proc = subprocess.run(list(step.argv), env=child, check=False, text=True, capture_output=True)
