@@ -19,7 +19,15 @@ from ..adapters import lsof, podman_machine
 from ..bundle import KrunBundle
 from ..catalog import Stack
 from ..doctor_darwin import libkrun_version, run_tool
-from ..errors import ApirCheckFailed, ImageBuildFailed, MachineFailed, RunTimeout, ToolMissing, UnknownRoute, VersionSkew
+from ..errors import (
+    ApirCheckFailed,
+    ImageBuildFailed,
+    MachineFailed,
+    RunTimeout,
+    ToolMissing,
+    UnknownRoute,
+    VersionSkew,
+)
 from ..launch import LaunchPlan, LaunchRequest, plan_launch
 from ..runplan import image_repo, plan_run
 
