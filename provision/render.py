@@ -193,9 +193,7 @@ def render(
         context.update(fedora=fedora)
     else:
         if not base_image:
-            raise InvalidValue(
-                f"stacks.{stack.name}: the debian template needs a local base image"
-            )
+            raise InvalidValue(f"stacks.{stack.name}: the debian template needs a local base image")
         _plain(base_image, "base_image", pins.path)
         versions = pins.debian_packages(purpose=f"stack {stack.name}")
         packages = []
