@@ -14,13 +14,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .apir_route import KNOWN_REGS
 from .errors import KrunBundleMissing
 
 LIBKRUN = "libkrun.1.dylib"
 VIRGLRENDERER = "libvirglrenderer.1.dylib"
 GGML_BACKEND = "libggml-virtgpu-backend.dylib"
 GGML_METAL = "libggml-metal.dylib"
-GGML_METAL_REG = "ggml_backend_metal_reg"
+GGML_METAL_REG = KNOWN_REGS["metal"]
 FIRMWARE = "KRUN_EFI.silent.fd"
 
 

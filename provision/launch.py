@@ -144,7 +144,7 @@ def route_env(request: LaunchRequest, bundle: KrunBundle) -> tuple[dict[str, str
     unset: tuple[str, ...] = ()
     if request.apir_log_dir:
         env["VIRGL_APIR_LOG_TO_FILE"] = f"{request.apir_log_dir.rstrip('/')}/virgl-apir.log"
-        env["APIR_LLAMA_CPP_LOG_TO_FILE"] = f"{request.apir_log_dir.rstrip('/')}/ggml-apir.log"
+        env["APIR_LLAMA_CPP_LOG_TO_FILE"] = f"{request.apir_log_dir.rstrip('/')}/apir-ggml.log"
     else:
         unset = ("VIRGL_APIR_LOG_TO_FILE", "APIR_LLAMA_CPP_LOG_TO_FILE")
     env["VIRGL_ROUTE_VENUS_TO_APIR"] = "1"

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from . import catalog
+from .apir_route import APIR_CAPSET_ENV
 from .catalog import Stack
 from .errors import InvalidValue
 
@@ -29,7 +30,7 @@ def image_repo(stack: Stack) -> str:
 def guest_env(stack: Stack, route: str, compat: dict[str, Any]) -> dict[str, str]:
     env = dict(stack.guest_env)
     if route == "apir" and compat.get("libkrun_routes_apir_capset") is True:
-        env["GGML_REMOTING_USE_APIR_CAPSET"] = "1"
+        env[APIR_CAPSET_ENV] = "1"
     return env
 
 

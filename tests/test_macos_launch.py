@@ -51,7 +51,7 @@ def test_apir_sets_the_backend_env_and_warns_that_venus_is_disabled():
     assert plan.env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"] == "ggml_backend_metal_reg"
     assert plan.env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1"
     assert plan.env["VIRGL_APIR_LOG_TO_FILE"] == "/tmp/logs/virgl-apir.log"
-    assert plan.env["APIR_LLAMA_CPP_LOG_TO_FILE"] == "/tmp/logs/ggml-apir.log"
+    assert plan.env["APIR_LLAMA_CPP_LOG_TO_FILE"] == "/tmp/logs/apir-ggml.log"
     assert plan.env["CONTAINERS_MACHINE_PROVIDER"] == "libkrun"
     assert plan.unset == ()
     assert any("Venus is disabled on machine gpu" in w for w in plan.warnings)
