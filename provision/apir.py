@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from . import pins
 from .adapters import apir as probe_adapter
@@ -28,6 +29,11 @@ from .diagnostics import Check
 from .errors import ApirCheckFailed
 
 LABEL_PROTOCOL = "krun-gpu.apir.protocol"
+
+
+class _HasEnv(Protocol):
+    @property
+    def env(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -158,6 +164,11 @@ def apir_checks(settings: ApirSettings | None = None) -> list[Check]:
             out.append(Check("apir.backend", "fail", exc.message, exc.fix))
     out.append(protocol_check())
     return out
+
+
+def doctor_checks(ctx: _HasEnv) -> list[Check]:
+    """`provision doctor` provider (registered for every platform): the hypervisor env of ctx."""
+    return apir_checks(ApirSettings.resolve(env=ctx.env))
 
 
 def guest_protocol(pin_set: pins.Pins | None = None) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import Any
 from pathlib import Path
 
 from .. import builds, ggml_build
@@ -44,9 +45,9 @@ def run_build(args: argparse.Namespace) -> int:
         print(dumps({"variant": built.variant, "key": built.key, "bin_dir": str(built.bin_dir),
                      "manifest": built.manifest}))
         return 0
-    m = built.manifest
-    rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(map(str, m["targets"]))),
-            ("apir protocol", ".".join(map(str, m["apir_protocol"]))),
+    m: dict[str, Any] = dict(built.manifest)
+    rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(m["targets"])),
+            ("apir protocol", ".".join(str(x) for x in m["apir_protocol"])),
             ("timings", m.get("timings")), ("built", m.get("built_at"))]
     print(table(["FIELD", "VALUE"], rows))
     return 0
