@@ -139,3 +139,30 @@ def test_ggml_build_command_reuses_the_cached_host_build(capsys):
     assert out["manifest"]["apir_protocol"] == [0, 2] and out["manifest"]["targets"] == ["ggml-virtgpu-backend",
                                                                                          "ggml-cpu"]
     assert not list(bin_dir.parent.parent.glob(f".{out['key']}-*")), "a staging directory was left behind"
+
+
+def test_a_failing_configure_is_e043_naming_the_step_and_the_log(tmp_path):
+    from provision.adapters import cmake
+    from provision.errors import BuildFailed
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "CMakeLists.txt").write_text(
+        'cmake_minimum_required(VERSION 3.19)\nproject(x NONE)\nmessage(FATAL_ERROR "boom")\n'
+    )
+    plan = ggml_build.plan(ggml_build.variant("host"), source=src, build_dir=tmp_path / "b", key="k",
+                           offline_include=builds.OFFLINE_INCLUDE)
+    lines: list[str] = []
+    with pytest.raises(BuildFailed) as exc:
+        cmake.run(plan, log=tmp_path / "build.log", progress=lines.append)
+    assert exc.value.code == "E043" and "step 'configure'" in exc.value.message and "boom" in exc.value.message
+    assert str(tmp_path / "build.log") in exc.value.message and "boom" in (tmp_path / "build.log").read_text()
+    assert lines and "configure" in lines[0]
+
+
+def test_missing_build_tool_is_e006_naming_it():
+    from provision.adapters import cmake
+    from provision.errors import ToolMissing
+
+    with pytest.raises(ToolMissing, match="nvcc-that-does-not-exist"):
+        cmake.require_tools(("cmake", "nvcc-that-does-not-exist"), variant="cuda")
