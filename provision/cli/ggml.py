@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from .. import builds, ggml_build
 from .output import dumps, table
