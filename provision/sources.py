@@ -45,19 +45,14 @@ def pip_download_command(requirement: str, dest: Path, *, python: str | None = N
             "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), requirement]
 
 
-def verify_file(path: Path, *, size: int, sha256: str, what: str) -> None:
+def verify_file(path: Path, *, size: int, sha256: str, what: str, fix: str | None = None) -> None:
+    fix = fix or f"check pip's index configuration; the pin lives in {pins.default_path()}"
     actual_size = path.stat().st_size
     if actual_size != size:
-        raise SourceUnavailable(
-            f"{what}: {path} is {actual_size} bytes, the pin says {size}",
-            fix=f"check pip's index configuration; the pin lives in {pins.default_path()}",
-        )
+        raise SourceUnavailable(f"{what}: {path} is {actual_size} bytes, the pin says {size}", fix=fix)
     actual = sha256_file(path)
     if actual != sha256:
-        raise SourceUnavailable(
-            f"{what}: {path} has sha256 {actual}, the pin says {sha256}",
-            fix=f"check pip's index configuration; the pin lives in {pins.default_path()}",
-        )
+        raise SourceUnavailable(f"{what}: {path} has sha256 {actual}, the pin says {sha256}", fix=fix)
 
 
 def sdist_path(pin_set: pins.Pins | None = None) -> Path:
@@ -67,7 +62,8 @@ def sdist_path(pin_set: pins.Pins | None = None) -> Path:
     target = cache / str(pin["filename"])
     with FileLock(str(cache / f"{pin['filename']}.lock")):
         if target.exists():
-            verify_file(target, size=int(pin["size"]), sha256=str(pin["sha256"]), what=f"sources.{SDIST_PIN}")
+            verify_file(target, size=int(pin["size"]), sha256=str(pin["sha256"]), what=f"sources.{SDIST_PIN}",
+                        fix=f"the cached copy is damaged: delete {target} and run again")
             return target
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
             requirement = f"{str(pin['pname']).replace('_', '-')}=={pin['version']}"

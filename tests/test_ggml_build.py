@@ -166,3 +166,14 @@ def test_missing_build_tool_is_e006_naming_it():
 
     with pytest.raises(ToolMissing, match="nvcc-that-does-not-exist"):
         cmake.require_tools(("cmake", "nvcc-that-does-not-exist"), variant="cuda")
+
+
+def test_damaged_cached_sdist_fix_says_which_file_to_delete(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path))
+    pin = pins.default().source(sources.SDIST_PIN)
+    bad = tmp_path / "sources" / str(pin["filename"])
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"x" * int(pin["size"]))  # right size, wrong bytes: the sha256 check catches it
+    with pytest.raises(SourceUnavailable) as exc:
+        sources.sdist_path()
+    assert str(pin["sha256"]) in exc.value.message and f"delete {bad}" in (exc.value.fix or "")
