@@ -373,7 +373,7 @@ class Store:
                         fix="free some space or move the cache with PROVISION_CACHE",
                     )
             if status == 200 or not meta.get("validator"):
-                meta = {**meta, "validator": _strong_validator(resp)}
+                meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
             _write_json_atomic(meta_path, meta)
 
             if offset:
