@@ -100,6 +100,14 @@ class VerifyResult:
         return {"name": self.name, "path": str(self.path), "ok": self.ok, "detail": self.detail}
 
 
+class _WriteFailed(Exception):
+    """Writing the partial file failed (as opposed to reading the socket)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _Retry(Exception):
     """A transient failure: try again (after a pause unless the attempt brought new bytes)."""
 
@@ -316,15 +324,64 @@ class Store:
     def _attempt(
         self, spec: ModelSpec, partial: Path, meta_path: Path, meta: dict[str, Any], fetched: int
     ) -> tuple[str, int, int]:
-        assert spec.url is not None
+        """One request: resume or restart the partial file, stream the body, then promote it."""
         offset = partial.stat().st_size if partial.exists() else 0
+        with self._request(spec, offset, meta) as resp:
+            offset, total = self._accept(spec, resp, offset, partial)
+            if resp.status == 200 or not meta.get("validator"):
+                meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
+            _write_json_atomic(meta_path, meta)
+            if offset:
+                hasher, hashed = _hash_file(partial, offset)  # hashlib state cannot be saved: re-read
+                if hashed != offset:
+                    raise _Retry("the partial file shrank while resuming", progressed=False)
+            else:
+                hasher = hashlib.sha256()
+            progress = Progress(spec.name, total, start=offset, stream=self.out)
+            try:
+                with open(partial, "r+b" if offset else "wb", buffering=0) as f:
+                    f.truncate(offset)
+                    f.seek(offset)
+                    done = self._stream(resp, f, hasher, offset, progress, check_magic=offset == 0)
+                    if total is not None and done < total:
+                        raise _Retry(f"connection closed after {done} of {total} bytes", progressed=done > offset)
+                    try:
+                        os.fsync(f.fileno())
+                    except OSError as exc:
+                        raise _WriteFailed(exc) from None
+            except _WriteFailed as failed:
+                partial.unlink(missing_ok=True)
+                meta_path.unlink(missing_ok=True)
+                err = failed.error
+                if err.errno in _DISK_ERRNOS:
+                    raise DiskFull(
+                        f"writing {partial}: {os.strerror(err.errno or 0)} (disk full or file size limit); "
+                        "nothing was stored",
+                        fix="free space, raise the file size limit (ulimit -f) or move the cache (PROVISION_CACHE)",
+                    ) from None
+                raise DownloadFailed(f"writing {partial}: {err}; nothing was stored") from None
+            except NotGguf:
+                partial.unlink(missing_ok=True)
+                meta_path.unlink(missing_ok=True)
+                raise
+            except (OSError, http.client.HTTPException) as exc:  # from the socket: keep what arrived
+                raise _Retry(
+                    f"connection lost: {exc or type(exc).__name__}", progressed=partial.stat().st_size > offset
+                ) from None
+            progress.finish()
+        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, fetched + done - offset)
+
+    @staticmethod
+    def _request(spec: ModelSpec, offset: int, meta: dict[str, Any]) -> web.Response:
+        assert spec.url is not None
         headers = {}
         if offset:
             headers["Range"] = f"bytes={offset}-"
             if meta.get("validator"):
+                # The server sends the rest only if the file is unchanged, else all of it (200).
                 headers["If-Range"] = str(meta["validator"])
         try:
-            resp = web.get(
+            return web.get(
                 spec.url,
                 headers=headers,
                 connect_timeout=CONNECT_TIMEOUT_S,
@@ -335,83 +392,44 @@ class Store:
             raise DownloadFailed(str(exc)) from None
         except (OSError, http.client.HTTPException) as exc:
             raise _Retry(f"request failed: {exc or type(exc).__name__}", progressed=False) from None
-        with resp:
-            status = resp.status
-            if status == 416 and offset:
-                partial.unlink()  # our partial is not a prefix the server knows: start again
-                raise _Retry("server refused the resume range (416); starting from 0", progressed=True)
-            if status >= 500 or status in (408, 429):
-                raise _Retry(f"HTTP {status} {resp.reason}", progressed=False)
-            if status not in (200, 206):
-                raise DownloadFailed(f"{spec.url}: HTTP {status} {resp.reason}", fix="check the URL (and --sha256)")
-            total: int | None
-            if status == 206:
-                span = _content_range(resp.header("Content-Range"))
-                if span is None or span[0] != offset:
-                    partial.unlink(missing_ok=True)
-                    raise _Retry(
-                        f"server answered Range {offset}- with {resp.header('Content-Range')!r}", progressed=True
-                    )
-                total = span[1]
-            else:
-                if offset:
-                    self._say(
-                        f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0"
-                    )
-                offset = 0
-                length = resp.content_length
-                total = length if length is not None else None
-            if spec.size is not None and total is not None and total != spec.size:
-                raise ModelHashMismatch(f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}")
-            total = total if total is not None else spec.size
-            if total is not None:
-                need = total - offset
-                free = shutil.disk_usage(partial.parent).free
-                if need > free:
-                    raise DiskFull(
-                        f"{spec.name} needs {need} more bytes in {partial.parent}, only {free} are free",
-                        fix="free some space or move the cache with PROVISION_CACHE",
-                    )
-            if status == 200 or not meta.get("validator"):
-                meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
-            _write_json_atomic(meta_path, meta)
 
-            if offset:
-                hasher, hashed = _hash_file(partial, offset)
-                if hashed != offset:
-                    raise _Retry("partial file shrank while resuming", progressed=False)
-            else:
-                hasher = hashlib.sha256()
-            progress = Progress(spec.name, total, start=offset, stream=self.out)
-            try:
-                with open(partial, "r+b" if offset else "wb", buffering=0) as f:
-                    f.seek(offset)
-                    f.truncate(offset)
-                    done = self._stream(resp, f, hasher, offset, progress, check_magic=offset == 0)
-                    if total is not None and done < total:
-                        raise _Retry(f"connection closed after {done} of {total} bytes", progressed=done > offset)
-                    os.fsync(f.fileno())
-            except OSError as exc:
-                if exc.errno in _DISK_ERRNOS:
-                    partial.unlink(missing_ok=True)
-                    meta_path.unlink(missing_ok=True)
-                    raise DiskFull(
-                        f"writing {partial}: {os.strerror(exc.errno)} (disk full or file size limit); nothing was stored",
-                        fix="free space, raise the file size limit (ulimit -f) or move the cache (PROVISION_CACHE)",
-                    ) from None
-                if isinstance(exc, ConnectionError | TimeoutError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
-                    raise _Retry(f"connection lost: {exc}", progressed=(partial.stat().st_size > offset)) from None
-                raise
-            except NotGguf:
+    def _accept(self, spec: ModelSpec, resp: web.Response, offset: int, partial: Path) -> tuple[int, int | None]:
+        """Decide from the status where the body starts; return (offset, total size if known)."""
+        status = resp.status
+        if status == 416 and offset:
+            partial.unlink()  # our partial is not a prefix the server knows: start again
+            raise _Retry("the server refused the resume range (416); starting from 0", progressed=True)
+        if status >= 500 or status in (408, 429):
+            raise _Retry(f"HTTP {status} {resp.reason}", progressed=False)
+        if status not in (200, 206):
+            raise DownloadFailed(f"{spec.url}: HTTP {status} {resp.reason}", fix="check the URL (and --sha256)")
+        total: int | None
+        if status == 206:
+            span = _content_range(resp.header("Content-Range"))
+            if span is None or span[0] != offset:
                 partial.unlink(missing_ok=True)
-                meta_path.unlink(missing_ok=True)
-                raise
-            except http.client.HTTPException as exc:
-                raise _Retry(
-                    f"connection lost: {type(exc).__name__}", progressed=(partial.stat().st_size > offset)
-                ) from None
-            progress.finish()
-        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, fetched + done - offset)
+                got = resp.header("Content-Range")
+                raise _Retry(f"the server answered Range {offset}- with {got!r}; starting from 0", progressed=True)
+            total = span[1]
+        else:
+            if offset:
+                self._say(
+                    f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0"
+                )
+            offset = 0
+            total = resp.content_length
+        if spec.size is not None and total is not None and total != spec.size:
+            raise ModelHashMismatch(f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}")
+        total = total if total is not None else spec.size
+        if total is not None:
+            need = total - offset
+            free = shutil.disk_usage(partial.parent).free
+            if need > free:
+                raise DiskFull(
+                    f"{spec.name} needs {need} more bytes in {partial.parent}, only {free} are free",
+                    fix="free some space or move the cache (PROVISION_CACHE)",
+                )
+        return offset, total
 
     @staticmethod
     def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
@@ -429,8 +447,12 @@ class Store:
                     continue  # drain after an error so the reader never blocks on a full queue
                 try:
                     hasher.update(chunk)
-                    f.write(chunk)
-                except BaseException as exc:  # handed to the reader thread below
+                    view = memoryview(chunk)
+                    while view:  # a raw file may write less than asked (e.g. at a size limit)
+                        view = view[f.write(view) :]
+                except OSError as exc:  # handed to the reader thread below
+                    failure.append(_WriteFailed(exc))
+                except BaseException as exc:
                     failure.append(exc)
 
         worker = threading.Thread(target=sink, name="model-hash-write", daemon=True)
