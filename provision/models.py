@@ -56,6 +56,7 @@ GGUF_MAGIC = b"GGUF"
 READ_SIZE = 1 << 20  # upper bound of one socket read; short reads are written at once
 QUEUE_DEPTH = 32  # chunks between the socket reader and the hash+write thread (bounded memory)
 HASH_BLOCK = 8 << 20
+FLUSH_EVERY = 64 << 20  # fdatasync while downloading, so writeback overlaps the network and hashing
 CONNECT_TIMEOUT_S = 15.0
 READ_TIMEOUT_S = 60.0
 MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
@@ -268,7 +269,8 @@ class Store:
 
     def pull(self, spec: ModelSpec) -> PullResult:
         if spec.synth:
-            return self.synth(spec.name)
+            catalog_name = next(n for n, p in self.pins.models.items() if p.synth == spec.synth)
+            return self.synth(catalog_name, as_name=spec.name)
         assert spec.url is not None
         if not spec.pinned:
             self._say(f"{spec.name}: no sha256 pinned for {spec.source}; the store will record the hash it computes")
@@ -433,15 +435,19 @@ class Store:
 
     @staticmethod
     def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
-        """Socket reads in this thread; hashing and writing in one helper thread.
+        """Socket reads in this thread, hashing and writing in a second, disk flushes in a third.
 
-        hashlib and file writes drop the GIL for large buffers, so the two overlap. Chunks are
-        written as soon as they arrive: bytes this process received survive its being killed.
+        hashlib, file writes and fdatasync drop the GIL, so the three overlap. Chunks are written
+        as soon as they arrive: bytes this process received survive its being killed. Flushing
+        every FLUSH_EVERY bytes while the download runs leaves little for the final fsync.
         """
         chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
         failure: list[BaseException] = []
+        flush_wanted = threading.Event()
+        finished = threading.Event()
 
         def sink() -> None:
+            unflushed = 0
             while (chunk := chunks.get()) is not None:
                 if failure:
                     continue  # drain after an error so the reader never blocks on a full queue
@@ -454,9 +460,27 @@ class Store:
                     failure.append(_WriteFailed(exc))
                 except BaseException as exc:
                     failure.append(exc)
+                unflushed += len(chunk)
+                if unflushed >= FLUSH_EVERY:
+                    unflushed = 0
+                    flush_wanted.set()
 
-        worker = threading.Thread(target=sink, name="model-hash-write", daemon=True)
-        worker.start()
+        def flusher() -> None:
+            while not finished.is_set():
+                if flush_wanted.wait(0.2):
+                    flush_wanted.clear()
+                    try:
+                        os.fdatasync(f.fileno())
+                    except OSError as exc:
+                        failure.append(_WriteFailed(exc))
+                        return
+
+        workers = [
+            threading.Thread(target=sink, name="model-hash-write", daemon=True),
+            threading.Thread(target=flusher, name="model-flush", daemon=True),
+        ]
+        for worker in workers:
+            worker.start()
         head = b""
         try:
             while not failure:
@@ -472,7 +496,9 @@ class Store:
                 progress.update(done)
         finally:
             chunks.put(None)
-            worker.join()
+            workers[0].join()
+            finished.set()
+            workers[1].join()
         if failure:
             raise failure[0]
         return done
@@ -513,12 +539,17 @@ class Store:
 
     # --- synth --------------------------------------------------------------------------------
 
-    def synth_to(self, name: str, output: Path) -> tuple[str, int]:
-        """Write the synthetic catalog model ``name`` to ``output`` and check it against its pin."""
+    def _synth_pin(self, name: str) -> pins_mod.ModelPin:
         pin = self.pins.models.get(check_name(name))
         if pin is None or not pin.synth:
             known = sorted(n for n, p in self.pins.models.items() if p.synth)
             raise UnknownModel(f"{name!r} is not a synthetic catalog model (known: {', '.join(known)})")
+        return pin
+
+    def synth_to(self, name: str, output: Path) -> tuple[str, int]:
+        """Write the synthetic catalog model ``name`` to ``output`` and check it against its pin."""
+        pin = self._synth_pin(name)
+        assert pin.synth is not None
         synth.check_versions(self.pins)
         write = synth.generator(pin.synth)
         output.unlink(missing_ok=True)
@@ -535,15 +566,13 @@ class Store:
             )
         return sha256, size
 
-    def synth(self, name: str) -> PullResult:
-        pin = self.pins.models.get(check_name(name))
-        spec = ModelSpec(name, f"synth:{pin.synth}" if pin and pin.synth else name, None,
-                         pin.sha256 if pin else None, pin.size if pin else None,
-                         pin.status if pin else None, pin.synth if pin else None)  # fmt: skip
-        if spec.sha256 is None:
-            self.synth_to(name, Path(os.devnull))  # raises UnknownModel with the list of names
-        assert spec.sha256 is not None
-        with self._locked(spec.sha256, name):
+    def synth(self, name: str, *, as_name: str | None = None) -> PullResult:
+        """Synthesize catalog model ``name`` into the store (under ``as_name`` when given)."""
+        pin = self._synth_pin(name)
+        spec = ModelSpec(
+            check_name(as_name or name), f"synth:{pin.synth}", None, pin.sha256, pin.size, pin.status, pin.synth
+        )
+        with self._locked(pin.sha256, spec.name):
             reused = self._reusable(spec)
             if reused:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
