@@ -1,0 +1,1 @@
+"""Adapters: each module talks to exactly one outside program or library."""

@@ -1,0 +1,1 @@
+"""Host backends (darwin: podman machine + krunkit; linux: QEMU + virglrenderer)."""
