@@ -121,3 +121,11 @@ def test_pins_reject_a_synth_model_with_a_download_reference(tmp_path):
     with pytest.raises(errors.InvalidValue) as exc:
         pins.load(path)
     assert "models.tiny-llama.hf" in exc.value.message
+
+
+def test_pull_of_the_synthetic_catalog_name_synthesizes_it(cache, capsys):
+    assert cli.main(["model", "pull", "tiny-llama", "--name", "smoke", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["name"] == "smoke" and report["sha256"] == tiny_pin().sha256 and report["fetched_bytes"] == 0
+    assert report["source"] == "synth:tiny-llama"
+    assert models.Store().path("smoke") == cache / "blobs" / f"sha256-{tiny_pin().sha256}"
