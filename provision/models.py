@@ -435,24 +435,35 @@ class Store:
 
     @staticmethod
     def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
-        """Socket reads in this thread, hashing and writing in a second, disk flushes in a third.
+        """A pipeline of threads: socket reads (here) → hashing → writing → periodic disk flushes.
 
-        hashlib, file writes and fdatasync drop the GIL, so the three overlap. Chunks are written
-        as soon as they arrive: bytes this process received survive its being killed. Flushing
-        every FLUSH_EVERY bytes while the download runs leaves little for the final fsync.
+        recv, hashlib, file writes and fdatasync all drop the GIL, so the stages overlap and a pull
+        runs at about the speed of its slowest stage. Chunks are written as soon as they arrive:
+        bytes this process received survive its being killed. Flushing every FLUSH_EVERY bytes
+        while the download runs leaves little for the final fsync.
         """
-        chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
+        to_hash: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
+        to_write: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
         failure: list[BaseException] = []
         flush_wanted = threading.Event()
         finished = threading.Event()
 
-        def sink() -> None:
+        def hash_stage() -> None:
+            while (chunk := to_hash.get()) is not None:
+                if not failure:  # after an error keep draining so no producer blocks on a full queue
+                    try:
+                        hasher.update(chunk)
+                    except BaseException as exc:
+                        failure.append(exc)
+                to_write.put(chunk)
+            to_write.put(None)
+
+        def write_stage() -> None:
             unflushed = 0
-            while (chunk := chunks.get()) is not None:
+            while (chunk := to_write.get()) is not None:
                 if failure:
-                    continue  # drain after an error so the reader never blocks on a full queue
+                    continue
                 try:
-                    hasher.update(chunk)
                     view = memoryview(chunk)
                     while view:  # a raw file may write less than asked (e.g. at a size limit)
                         view = view[f.write(view) :]
@@ -465,7 +476,7 @@ class Store:
                     unflushed = 0
                     flush_wanted.set()
 
-        def flusher() -> None:
+        def flush_stage() -> None:
             while not finished.is_set():
                 if flush_wanted.wait(0.2):
                     flush_wanted.clear()
@@ -475,12 +486,12 @@ class Store:
                         failure.append(_WriteFailed(exc))
                         return
 
-        workers = [
-            threading.Thread(target=sink, name="model-hash-write", daemon=True),
-            threading.Thread(target=flusher, name="model-flush", daemon=True),
+        stages = [
+            threading.Thread(target=t, name=f"model-{t.__name__}", daemon=True) for t in (hash_stage, write_stage)
         ]
-        for worker in workers:
-            worker.start()
+        flush = threading.Thread(target=flush_stage, name="model-flush", daemon=True)
+        for thread in (*stages, flush):
+            thread.start()
         head = b""
         try:
             while not failure:
@@ -491,14 +502,15 @@ class Store:
                     head += chunk[:4]
                     if len(head) >= 4 and head[:4] != GGUF_MAGIC:
                         raise NotGguf(f"{resp.url} does not start with the GGUF magic (got {head[:4]!r})")
-                chunks.put(chunk)
+                to_hash.put(chunk)
                 done += len(chunk)
                 progress.update(done)
         finally:
-            chunks.put(None)
-            workers[0].join()
+            to_hash.put(None)
+            for thread in stages:
+                thread.join()
             finished.set()
-            workers[1].join()
+            flush.join()
         if failure:
             raise failure[0]
         return done
