@@ -37,6 +37,7 @@ from . import paths, synth
 from . import pins as pins_mod
 from .adapters import http as web
 from .errors import (
+    BadModelName,
     DiskFull,
     DownloadFailed,
     ModelHashMismatch,
@@ -63,6 +64,14 @@ MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
 BACKOFF_S = 0.5  # doubled after each such attempt, capped at BACKOFF_MAX_S
 BACKOFF_MAX_S = 8.0
 _DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+def _is_name(name: str) -> bool:
+    try:
+        check_name(name)
+    except BadModelName:
+        return False
+    return True
 
 
 def catalog_names(pins: pins_mod.Pins | None = None) -> list[str]:
@@ -227,11 +236,16 @@ class Store:
             return None
         except json.JSONDecodeError as exc:
             raise ModelHashMismatch(f"{path}: damaged ref ({exc.msg})", fix=f"provision model rm {name}") from None
-        return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
+        try:
+            return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
+        except (KeyError, TypeError) as exc:
+            raise ModelHashMismatch(f"{path}: damaged ref (missing {exc})", fix=f"provision model rm {name}") from None
 
     def refs(self) -> list[Ref]:
         out = []
         for path in sorted((self.root / "refs").glob("*.json")):
+            if not _is_name(path.stem):
+                continue  # not written by the store
             ref = self.ref(path.stem)
             if ref:
                 out.append(ref)
@@ -540,13 +554,12 @@ class Store:
         return sha256, size, fetched
 
     def _install_blob(self, tmp: Path, sha256: str) -> Path:
+        # Replace rather than keep an existing blob: these bytes were just verified, and a blob of
+        # the right name but the wrong size (damaged by hand) is why _reusable() sent us here.
         blob = self.blob_path(sha256)
-        if blob.exists():
-            tmp.unlink()
-        else:
-            os.chmod(tmp, 0o444)
-            os.replace(tmp, blob)
-            _fsync_dir(blob.parent)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, blob)
+        _fsync_dir(blob.parent)
         return blob
 
     # --- synth --------------------------------------------------------------------------------
