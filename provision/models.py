@@ -273,7 +273,10 @@ class Store:
         blobs are only created by a verified rename and are read-only)."""
         if spec.sha256:
             blob = self.blob_path(spec.sha256)
-            if blob.exists() and (spec.size is None or blob.stat().st_size == spec.size):
+            size = spec.size
+            if size is None and (known := self.ref(spec.name)) and known.sha256 == spec.sha256:
+                size = known.size  # the size recorded when this name was first pulled
+            if blob.exists() and (size is None or blob.stat().st_size == size):
                 return self._write_ref(spec, spec.sha256, blob.stat().st_size)
             return None
         ref = self.ref(spec.name)
