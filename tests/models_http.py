@@ -140,7 +140,9 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(body[pos:])
                     rec.sent += len(body) - pos
                 elif kind == "reset_at":
-                    # SO_LINGER 0: close() sends RST, the client sees a connection reset mid-body
+                    # Give the client time to read what was sent (an RST discards its unread receive
+                    # buffer), then SO_LINGER 0: close() sends RST, a connection reset mid-body.
+                    time.sleep(0.3)
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.connection.close()
                     self.close_connection = True
