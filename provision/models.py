@@ -55,7 +55,7 @@ SMOKE_MODEL = "tiny-llama"
 
 GGUF_MAGIC = b"GGUF"
 READ_SIZE = 1 << 20  # upper bound of one socket read; short reads are written at once
-QUEUE_DEPTH = 32  # chunks between the socket reader and the hash+write thread (bounded memory)
+QUEUE_DEPTH = 32  # chunks waiting between two pipeline stages (bounds memory to ~2 x 32 MiB)
 HASH_BLOCK = 8 << 20
 FLUSH_EVERY = 64 << 20  # fdatasync while downloading, so writeback overlaps the network and hashing
 CONNECT_TIMEOUT_S = 15.0
