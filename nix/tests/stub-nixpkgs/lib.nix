@@ -114,6 +114,7 @@ let
     nameValuePair = name: value: { inherit name value; };
     mapAttrsToList = f: attrs: map (n: f n attrs.${n}) (attrNames attrs);
     mapAttrs' = f: attrs: listToAttrs (mapAttrsToList f attrs);
+    concatMapAttrs = f: attrs: foldl' (acc: x: acc // x) { } (mapAttrsToList f attrs);
     filterAttrs =
       pred: set:
       listToAttrs (
@@ -127,6 +128,12 @@ let
       );
     recursiveUpdate = a: b: a // mapAttrs (n: v: if isAttrs v && isAttrs (a.${n} or null) then recursiveUpdate a.${n} v else v) b;
     hasPrefix = pref: str: substring 0 (builtins.stringLength pref) str == pref;
+    removePrefix =
+      pref: str:
+      if hasPrefix pref str then
+        substring (builtins.stringLength pref) (builtins.stringLength str - builtins.stringLength pref) str
+      else
+        str;
     hasSuffix =
       suffix: content:
       let
