@@ -30,7 +30,7 @@ in
 
   ggml-virtgpu-backend = call ./pkgs/ggml-virtgpu-backend.nix { pin = pins.source "llama-cpp"; };
 
-  krun = call ./pkgs/krun.nix { };
+  krun = final.callPackage ./pkgs/krun.nix { };
 
   krun-provision = call ./pkgs/provision.nix { };
 }

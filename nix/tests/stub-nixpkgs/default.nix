@@ -21,8 +21,9 @@
 #   libkrun-efi, virglrenderer, moltenvk (out/bin/dev), llama-cpp-style cudaPackages, nixfmt-tree,
 #   python3.withPackages, python3Packages.buildPythonApplication, buildPackages.pkgsCross.
 #     aarch64-multiplatform.pkgsStatic
-# Versions of packages defined here are "0-stub" and their sources use lib.fakeHash on purpose:
-# if any of them leaks into a krun-gpu derivation, the tests' fakeHash check catches it.
+# Versions of packages defined here are "0-stub"; their sources carry `sha256 = <hex sha256 of a
+# "stub-nixpkgs:…" label>`, never an SRI hash, so the tests can tell a hash nixpkgs would supply
+# from one krun-gpu supplies (every SRI hash in a krun-gpu closure must come from pins.json).
 {
   system ? builtins.currentSystem,
   localSystem ? {
@@ -128,21 +129,31 @@ let
   fixedOutput =
     {
       name,
-      hash,
+      hash ? "",
+      sha256 ? "",
       mode,
       passthru ? { },
     }:
     let
       # nixpkgs turns an empty hash into lib.fakeHash (with a warning); do the same.
-      h = if hash == "" then lib.fakeHash else hash;
+      h =
+        if hash != "" then
+          hash
+        else if sha256 != "" then
+          sha256
+        else
+          lib.fakeHash;
     in
-    derivation {
-      inherit name system;
-      builder = "/bin/sh";
-      args = stubBuilder;
-      outputHash = h;
-      outputHashMode = mode;
-    }
+    derivation (
+      {
+        inherit name system;
+        builder = "/bin/sh";
+        args = stubBuilder;
+        outputHash = h;
+        outputHashMode = mode;
+      }
+      // lib.optionalAttrs (sha256 != "" && hash == "") { outputHashAlgo = "sha256"; }
+    )
     // passthru
     // {
       outputHash = h;
@@ -230,11 +241,12 @@ let
         {
           url,
           hash ? "",
+          sha256 ? "",
           name ? lib.last (lib.splitString "/" url),
           ...
         }:
         fixedOutput {
-          inherit name hash;
+          inherit name hash sha256;
           mode = "flat";
           passthru = {
             inherit url;
@@ -245,11 +257,12 @@ let
           owner,
           repo,
           hash ? "",
+          sha256 ? "",
           name ? "source",
           ...
         }@args:
         fixedOutput {
-          inherit name hash;
+          inherit name hash sha256;
           mode = "recursive";
           passthru = {
             inherit owner repo;
@@ -263,11 +276,12 @@ let
           repo,
           domain ? "gitlab.com",
           hash ? "",
+          sha256 ? "",
           name ? "source",
           ...
         }@args:
         fixedOutput {
-          inherit name hash;
+          inherit name hash sha256;
           mode = "recursive";
           passthru = {
             inherit owner repo domain;
@@ -294,6 +308,7 @@ let
         fetchCargoVendor =
           {
             hash ? "",
+            sha256 ? "",
             name ? "cargo-deps-vendor",
             src ? null,
             ...
@@ -301,7 +316,7 @@ let
           fixedOutput {
             name =
               if args ? pname && args ? version then "${args.pname}-${args.version}-vendor" else name;
-            inherit hash;
+            inherit hash sha256;
             mode = "recursive";
             passthru = {
               inherit src;

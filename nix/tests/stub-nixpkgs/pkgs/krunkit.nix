@@ -21,7 +21,7 @@ stdenv.mkDerivation (finalAttrs: {
     owner = "libkrun";
     repo = "krunkit";
     tag = "v${finalAttrs.version}";
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:krunkit-src";
   };
   nativeBuildInputs = [
     cargo
@@ -41,7 +41,7 @@ stdenv.mkDerivation (finalAttrs: {
   '';
   cargoDeps = rustPlatform.fetchCargoVendor {
     inherit (finalAttrs) src;
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:krunkit-cargo";
   };
   dontStrip = true;
   passthru.updateScript = nix-update-script { };

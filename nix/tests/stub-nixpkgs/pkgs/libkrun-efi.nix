@@ -19,11 +19,11 @@ stdenv.mkDerivation (finalAttrs: {
     owner = "libkrun";
     repo = "libkrun";
     tag = "v${finalAttrs.version}";
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:libkrun-efi-src";
   };
   cargoDeps = rustPlatform.fetchCargoVendor {
     inherit (finalAttrs) src;
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:libkrun-efi-cargo";
   };
   nativeBuildInputs = [
     cargo

@@ -35,7 +35,7 @@ stdenv.mkDerivation (finalAttrs: {
     owner = "containers";
     repo = "libkrun";
     tag = "v${finalAttrs.version}";
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:libkrun-src";
   };
   outputs = [
     "out"
@@ -43,7 +43,7 @@ stdenv.mkDerivation (finalAttrs: {
   ];
   cargoDeps = rustPlatform.fetchCargoVendor {
     inherit (finalAttrs) src;
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:libkrun-cargo";
   };
   nativeBuildInputs = [
     rustPlatform.cargoSetupHook

@@ -23,7 +23,7 @@ stdenv.mkDerivation (finalAttrs: {
     owner = "virgl";
     repo = "virglrenderer";
     tag = finalAttrs.version;
-    hash = lib.fakeHash;
+    sha256 = builtins.hashString "sha256" "stub-nixpkgs:virglrenderer-src";
   };
   nativeBuildInputs = [
     meson
