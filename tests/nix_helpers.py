@@ -67,9 +67,7 @@ class Nix:
         return ["--override-input", "nixpkgs", f"path:{STUB}", "--no-write-lock-file"]
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(
-            [self.nix, *FEATURES, *args], env=self.env, capture_output=True, text=True, timeout=240
-        )
+        proc = subprocess.run([self.nix, *FEATURES, *args], env=self.env, capture_output=True, text=True, timeout=240)
         if check and proc.returncode != 0:
             raise AssertionError(f"nix {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc

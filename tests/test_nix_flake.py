@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -225,10 +224,7 @@ def _fixed_output_hashes(nix: Nix, installable: str) -> dict[str, str]:
 @pytest.mark.parametrize("system", [DARWIN, LINUX])
 def test_no_fake_or_empty_hash_and_every_sri_hash_is_pinned(nix: Nix, pins: pins_mod.Pins, system: str) -> None:
     pinned = {
-        value
-        for pin in pins.sources.values()
-        for key, value in pin.attrs.items()
-        if key in ("hash", "cargoHash")
+        value for pin in pins.sources.values() for key, value in pin.attrs.items() if key in ("hash", "cargoHash")
     }
     hashes = {}
     for package in nix.eval(f"packages.{system}", "ps: builtins.attrNames ps"):
@@ -244,7 +240,9 @@ def test_no_fake_or_empty_hash_and_every_sri_hash_is_pinned(nix: Nix, pins: pins
     used = {v for v in hashes.values() if SRI.match(v)}
     expected = {pins.source("llama-cpp")["hash"]}
     if system == DARWIN:
-        expected |= {pins.source(n)["hash"] for n in ("krunkit", "libkrun", "virglrenderer-venus", "virglrenderer-apir-darwin")}
+        expected |= {
+            pins.source(n)["hash"] for n in ("krunkit", "libkrun", "virglrenderer-venus", "virglrenderer-apir-darwin")
+        }
     else:
         expected |= {pins.source("virglrenderer-apir")["hash"]}
     assert expected <= used
@@ -300,9 +298,7 @@ def test_provision_app_is_packaged_from_pyproject(nix: Nix) -> None:
 # --- failure modes ---------------------------------------------------------------------------
 
 
-def test_unverified_pin_makes_only_its_package_fail_with_a_clear_message(
-    nix: Nix, tmp_path: Path
-) -> None:
+def test_unverified_pin_makes_only_its_package_fail_with_a_clear_message(nix: Nix, tmp_path: Path) -> None:
     repo = copy_flake(tmp_path / "repo")
     pins_path = repo / "provision" / "data" / "pins.json"
     data = json.loads(pins_path.read_text())
@@ -319,7 +315,9 @@ def test_flake_check_fails_when_a_lib_test_fails(nix: Nix, tmp_path: Path) -> No
     repo = copy_flake(tmp_path / "repo")
     tests = repo / "nix" / "lib" / "tests.nix"
     text = tests.read_text()
-    broken = text.replace('"-Drender-server=false"\n      "-Ddrm=disabled"', '"-Ddrm=disabled"\n      "-Drender-server=false"', 1)
+    broken = text.replace(
+        '"-Drender-server=false"\n      "-Ddrm=disabled"', '"-Ddrm=disabled"\n      "-Drender-server=false"', 1
+    )
     assert broken != text
     tests.write_text(broken)
     copy = Nix(Path(nix.env["HOME"]), repo)
