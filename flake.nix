@@ -92,8 +92,10 @@
         {
           krun-env = app pkgs.krun.krun-env "krun-env";
           provision = app pkgs.krun-provision "provision";
+          default = app pkgs.krun.krun-env "krun-env";
         }
         // lib.optionalAttrs pkgs.stdenv.hostPlatform.isDarwin {
+          # The wrapped krunkit of the bundle, with the APIR defaults.
           krunkit = app pkgs.krun "krunkit";
           default = app pkgs.krun "krunkit";
         }

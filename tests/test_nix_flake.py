@@ -32,8 +32,8 @@ def pins() -> pins_mod.Pins:
 def src_of(nix: Nix, system: str, package: str, field: str = "src") -> dict[str, Any]:
     return nix.eval(
         f"packages.{system}.{package}.{field}",
-        "s: { hash = s.outputHash; rev = s.rev or null; owner = s.owner or null; repo = s.repo or null;"
-        " url = s.url or null; mode = s.drvAttrs.outputHashMode; }",
+        "s: { hash = s.outputHash; rev = s.rev or null; tag = s.tag or null; owner = s.owner or null;"
+        " repo = s.repo or null; url = s.url or null; mode = s.drvAttrs.outputHashMode; }",
     )
 
 
@@ -77,12 +77,19 @@ def test_flake_show_lists_darwin_first_packages_and_linux_subset(nix: Nix) -> No
     for section in ("apps", "devShells", "checks", "formatter"):
         assert DARWIN in shown[section] and LINUX in shown[section], section
     assert "default" in shown["overlays"]
-    assert {"krunkit", "krun-env", "provision"} <= set(shown["apps"][DARWIN])
+    assert {"krunkit", "krun-env", "provision", "default"} <= set(shown["apps"][DARWIN])
+    assert set(shown["apps"][LINUX]) == {"krun-env", "provision", "default"}
     assert "lib-tests" in shown["checks"][LINUX]
 
 
 def test_flake_check_no_build_passes(nix: Nix) -> None:
     nix.run("flake", "check", "--no-build", nix.flake, *nix.override())
+
+
+def test_krunkit_app_runs_the_wrapped_krunkit_of_the_bundle(nix: Nix) -> None:
+    krun = nix.eval(f"packages.{DARWIN}.krun.outPath")
+    assert nix.eval(f"apps.{DARWIN}.krunkit.program") == f"{krun}/bin/krunkit"
+    assert nix.eval(f"apps.{DARWIN}.default.program") == f"{krun}/bin/krunkit"
 
 
 def test_formatter_is_nixfmt_tree(nix: Nix) -> None:
@@ -187,7 +194,8 @@ def test_sources_come_from_the_pins_file(nix: Nix, pins: pins_mod.Pins) -> None:
     for package, pin_name in (("krunkit", "krunkit"), ("libkrun", "libkrun")):
         pin = pins.source(pin_name)
         got = src_of(nix, DARWIN, package)
-        assert (got["owner"], got["rev"], got["hash"]) == (pin["owner"], pin["tag"], pin["hash"]), package
+        assert (got["owner"], got["tag"], got["hash"]) == (pin["owner"], pin["tag"], pin["hash"]), package
+        assert got["rev"] == f"refs/tags/{pin['tag']}"
         assert src_of(nix, DARWIN, package, "cargoDeps")["hash"] == pin["cargoHash"], package
         assert nix.eval(f"packages.{DARWIN}.{package}.version") == pin["version"]
 

@@ -159,12 +159,13 @@ let
       outputHash = h;
     };
 
+  # fetchgit's getRevWithTag: exactly one of rev/tag; a tag is fetched as refs/tags/<tag>.
   gitRefOf =
     args:
     assert lib.assertMsg (
       (args ? rev) != (args ? tag)
     ) "fetchFromGitHub/fetchFromGitLab: give exactly one of rev or tag (nixpkgs asserts the same)";
-    args.rev or args.tag;
+    if args ? tag then "refs/tags/${args.tag}" else args.rev;
 
   mkPkgs =
     final:
@@ -267,8 +268,8 @@ let
           passthru = {
             inherit owner repo;
             rev = gitRefOf args;
-          }
-          // lib.optionalAttrs (args ? tag) { inherit (args) tag; };
+            tag = args.tag or null;
+          };
         };
       fetchFromGitLab =
         {
@@ -286,6 +287,7 @@ let
           passthru = {
             inherit owner repo domain;
             rev = gitRefOf args;
+            tag = args.tag or null;
           };
         };
       fetchPypi =
