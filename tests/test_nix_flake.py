@@ -56,6 +56,7 @@ def test_flake_has_exactly_one_input_and_its_lock_matches_the_pins_file(pins: pi
     assert set(lock["nodes"]) == {"root", "nixpkgs"}
     locked = lock["nodes"]["nixpkgs"]["locked"]
     pinned = pins.raw["nixpkgs"]
+    assert re.fullmatch(r"[0-9a-f]{40}", pinned["rev"]) and SRI.match(pinned["narHash"])
     assert pinned["status"] != "UNVERIFIED"
     for key in ("rev", "narHash", "owner", "repo", "lastModified"):
         assert locked[key] == pinned[key], key
@@ -251,6 +252,9 @@ def test_no_fake_or_empty_hash_and_every_sri_hash_is_pinned(nix: Nix, pins: pins
         expected |= {
             pins.source(n)["hash"] for n in ("krunkit", "libkrun", "virglrenderer-venus", "virglrenderer-apir-darwin")
         }
+        # The cargo vendor hashes too: a krunkit/libkrun override that kept nixpkgs' cargoDeps would
+        # leave the stub's hex hash here instead.
+        expected |= {pins.source(n)["cargoHash"] for n in ("krunkit", "libkrun")}
     else:
         expected |= {pins.source("virglrenderer-apir")["hash"]}
     assert expected <= used
