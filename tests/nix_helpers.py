@@ -66,8 +66,16 @@ class Nix:
     def override(self) -> list[str]:
         return ["--override-input", "nixpkgs", f"path:{STUB}", "--no-write-lock-file"]
 
+    def store_args(self) -> list[str]:
+        # CI runs as root with Debian's single-user /nix. Anyone else cannot write /nix/var/nix
+        # (nix 2.8 then tries the daemon socket and fails): give them a private chroot store.
+        if os.access("/nix/var/nix/db", os.W_OK):
+            return []
+        return ["--store", f"local?root={self.env['HOME']}/store"]
+
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([self.nix, *FEATURES, *args], env=self.env, capture_output=True, text=True, timeout=240)
+        cmd = [self.nix, *FEATURES, *self.store_args(), *args]
+        proc = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=240)
         if check and proc.returncode != 0:
             raise AssertionError(f"nix {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
