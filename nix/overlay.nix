@@ -26,7 +26,10 @@ in
     virglrenderer = final.virglrenderer-apir;
   };
 
-  krunkit-gpu = call ./pkgs/krunkit.nix { pin = pins.source "krunkit"; };
+  krunkit-gpu = call ./pkgs/krunkit.nix {
+    pin = pins.source "krunkit";
+    inherit (pins.data) compat;
+  };
 
   ggml-virtgpu-backend = call ./pkgs/ggml-virtgpu-backend.nix { pin = pins.source "llama-cpp"; };
 

@@ -323,6 +323,17 @@ def test_unverified_pin_makes_only_its_package_fail_with_a_clear_message(nix: Ni
     assert copy.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvPath").endswith(".drv")
 
 
+def test_krunkit_refuses_a_libkrun_outside_the_known_good_pair(nix: Nix, tmp_path: Path) -> None:
+    repo = copy_flake(tmp_path / "repo")
+    pins_path = repo / "provision" / "data" / "pins.json"
+    data = json.loads(pins_path.read_text())
+    data["sources"]["libkrun"]["version"] = "1.19.0"  # lacks krun_add_virtiofs4
+    pins_path.write_text(json.dumps(data))
+    copy = Nix(Path(nix.env["HOME"]), repo)
+    err = copy.eval_error(f"packages.{DARWIN}.krunkit.drvPath")
+    assert "krunkit 1.3.2 needs libkrun >= 1.19.3 and < 2.0, got libkrun 1.19.0" in err
+
+
 def test_flake_check_fails_when_a_lib_test_fails(nix: Nix, tmp_path: Path) -> None:
     repo = copy_flake(tmp_path / "repo")
     tests = repo / "nix" / "lib" / "tests.nix"

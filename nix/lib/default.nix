@@ -7,4 +7,5 @@
   libkrun = import ./libkrun.nix { inherit lib; };
   pins = import ./pins.nix { inherit lib; };
   python = import ./python.nix { inherit lib; };
+  compat = import ./compat.nix { inherit lib; };
 }

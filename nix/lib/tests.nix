@@ -281,6 +281,33 @@ lib.runTests {
     expected = "r";
   };
 
+  # krunkit <-> libkrun pairing
+  testKrunkitLibkrunPairs = {
+    expr =
+      let
+        rules = [
+          {
+            krunkit = "1.3";
+            libkrun_min = "1.19.3";
+            libkrun_below = "2.0";
+          }
+        ];
+        ok = a: b: !(failsWith (k.compat.checkKrunkitLibkrun rules a b));
+      in
+      [
+        (ok "1.3.2" "1.19.3")
+        (ok "1.3.2" "1.19.0")
+        (ok "1.3.2" "2.0.0")
+        (ok "1.2.1" "1.19.0")
+      ];
+    expected = [
+      true
+      false
+      false
+      true
+    ];
+  };
+
   # python
   testRequirementNames = {
     expr = map k.python.requirementName [

@@ -13,7 +13,9 @@
   rustPlatform,
   krunLib,
   pin,
+  compat,
 }:
+assert krunLib.compat.checkKrunkitLibkrun compat.krunkit_libkrun pin.version libkrun-gpu.version;
 (krunkit.override { libkrun-efi = libkrun-gpu; }).overrideAttrs (
   finalAttrs: prev: {
     inherit (pin) version;
