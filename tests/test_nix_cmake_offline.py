@@ -30,7 +30,12 @@ def make_project(root: Path, external_name: str = "venus_hw_header") -> Path:
         '  CONFIGURE_COMMAND ""\n  BUILD_COMMAND ""\n  INSTALL_COMMAND ""\n)\n'
         "add_custom_target(backend ALL COMMAND ${CMAKE_COMMAND} -E echo backend-built)\n"
         f"add_dependencies(backend {external_name})\n"
+        # like the guest frontend: includes venus_hw.h from its private (binary) include dir
+        "add_library(frontend STATIC frontend.c)\n"
+        "target_include_directories(frontend PRIVATE ${CMAKE_CURRENT_BINARY_DIR})\n"
+        f"add_dependencies(frontend {external_name})\n"
     )
+    (root / "sub" / "frontend.c").write_text('#include "venus_hw.h"\nint frontend(void) { return 0; }\n')
     return root
 
 
