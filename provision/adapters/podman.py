@@ -104,6 +104,12 @@ def build_command(context: Path, tag: str, flags: BuildFlags, containerfile: str
     return [*global_args(flags), *args, str(context)]
 
 
+def parse_step(line: str) -> str | None:
+    """'STEP 3/5: RUN x' or '[2/2] STEP 3/5: RUN x' -> '3/5 RUN x' (stage prefix dropped)."""
+    m = _STEP.match(line)
+    return f"{m.group(1)}/{m.group(2)} {m.group(3)}" if m else None
+
+
 def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], None] | None = None) -> BuildResult:
     """Run podman build, streaming its output; on failure name the step that failed."""
     podman = _podman()
