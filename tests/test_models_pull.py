@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-import models_http
 import pytest
 
 from provision import cli, errors, models
 from provision.model_refs import check_name, resolve
 from provision.pins import default as default_pins
+from tests import models_http
 
 SIZE = 4 * 1024 * 1024
 BODY = models_http.gguf_bytes(SIZE)

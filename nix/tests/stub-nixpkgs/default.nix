@@ -209,6 +209,7 @@ let
         "platformdirs"
         "plumbum"
         "filelock"
+        "huggingface-hub" # provision.model_refs builds hf:// URLs with it
         "pytest"
       ] (n: leaf "python3-${n}" { });
     in
