@@ -23,7 +23,7 @@ from .adapters import apt, cmake
 from .errors import SourceUnavailable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-OFFLINE_INCLUDE = REPO_ROOT / "patches" / "cmake" / "offline-venus-hw.cmake"
+OFFLINE_INCLUDE = REPO_ROOT / "patches" / "cmake" / "ggml-virtgpu-offline.cmake"
 DRM_PACKAGE = "linux-libc-dev"
 
 

@@ -30,7 +30,7 @@ COMMON_CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF",
 )
-OFFLINE_CMAKE_INCLUDE = "offline-venus-hw.cmake"
+OFFLINE_CMAKE_INCLUDE = "ggml-virtgpu-offline.cmake"
 
 
 @dataclass(frozen=True)

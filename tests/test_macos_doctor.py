@@ -10,7 +10,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from macos_fixtures import DATA, MappedProcess, cc_shared, make_bundle
 
 from provision import doctor_darwin as dd
 from provision import pins, versions
@@ -18,6 +17,7 @@ from provision.adapters import dylib, lsof
 from provision.bundle import KrunBundle
 from provision.errors import MachineFailed
 from provision.hosts.darwin import verify_virglrenderer
+from tests.macos_fixtures import DATA, MappedProcess, cc_shared, make_bundle
 
 COMPAT = pins.load().compat
 
@@ -25,7 +25,7 @@ COMPAT = pins.load().compat
 @pytest.fixture(scope="module")
 def libs(tmp_path_factory):
     d = tmp_path_factory.mktemp("libs")
-    from macos_fixtures import GPU_LIBKRUN_C, NOGPU_LIBKRUN_C
+    from tests.macos_fixtures import GPU_LIBKRUN_C, NOGPU_LIBKRUN_C
 
     return {
         "gpu": cc_shared(GPU_LIBKRUN_C, d / "gpu" / "libkrun.1.dylib"),

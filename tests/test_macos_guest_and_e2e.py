@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from macos_fixtures import DATA
 
 from provision import doctor_guest as dg
 from provision import e2e_macos, pins
+from tests.macos_fixtures import DATA
 
 VULKANINFO = (DATA / "vulkaninfo-venus-on-llvmpipe.txt").read_text()
 PINNED = pins.load().fedora["mesa_vulkan_drivers"]

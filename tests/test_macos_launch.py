@@ -10,12 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from macos_fixtures import make_bundle
 
 from provision import cli, errors, pins
 from provision.adapters.podman_machine import MachineInfo
 from provision.bundle import KrunBundle
 from provision.launch import APIR_HOST_ENV, LaunchRequest, plan_launch
+from tests.macos_fixtures import make_bundle
 
 COMPAT = pins.load().compat
 B = KrunBundle(Path("/Users/me/.nix-profile"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -69,10 +70,15 @@ def run(plan: BuildPlan, *, log: Path, progress: Progress = _stderr_progress,
     """Configure (only when the build dir has no build.ninja yet) and build the named targets."""
     timings: dict[str, float] = {}
     plan.build_dir.mkdir(parents=True, exist_ok=True)
-    if not (plan.build_dir / "build.ninja").exists():
+    # Configure again when the command changed (e.g. the offline include moved): a stale
+    # build.ninja would re-run cmake with the old cache values.
+    stamp = plan.build_dir / "krun-gpu-configure.json"
+    configured = stamp.exists() and json.loads(stamp.read_text()) == plan.configure
+    if not ((plan.build_dir / "build.ninja").exists() and configured):
         progress(f"ggml {plan.variant}: configure ({plan.source})")
         timings["configure_s"] = round(_run_step("configure", plan.configure, plan=plan, log=log,
                                                  progress=progress, env=env), 1)
+        stamp.write_text(json.dumps(plan.configure))
     progress(f"ggml {plan.variant}: build {' '.join(plan.build[4:])}")
     timings["build_s"] = round(_run_step("build", plan.build, plan=plan, log=log, progress=progress, env=env), 1)
     missing = [a for a in plan.artifacts if not (plan.build_dir / "bin" / a).exists()]
