@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,37 @@ def test_damaged_cached_sdist_fix_says_which_file_to_delete(tmp_path, monkeypatc
     with pytest.raises(SourceUnavailable) as exc:
         sources.sdist_path()
     assert str(pin["sha256"]) in exc.value.message and f"delete {bad}" in (exc.value.fix or "")
+
+
+def _configure(src: Path, build: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *extra],
+                          capture_output=True, text=True)
+
+
+def test_offline_include_builds_a_local_external_project_as_declared(tmp_path):
+    # ggml-vulkan builds its shader generator with ExternalProject_Add(SOURCE_DIR ...): no download.
+    (tmp_path / "src" / "tool").mkdir(parents=True)
+    (tmp_path / "src" / "tool" / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.19)\nproject(tool NONE)\n"
+        "add_custom_target(tool ALL COMMAND ${CMAKE_COMMAND} -E touch ${CMAKE_BINARY_DIR}/tool-built)\n"
+    )
+    (tmp_path / "src" / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.19)\nproject(outer NONE)\ninclude(ExternalProject)\n"
+        "ExternalProject_Add(local_tool SOURCE_DIR ${CMAKE_SOURCE_DIR}/tool BINARY_DIR ${CMAKE_BINARY_DIR}/tool\n"
+        '  INSTALL_COMMAND "")\n'
+    )
+    conf = _configure(tmp_path / "src", tmp_path / "b", f"-DCMAKE_PROJECT_INCLUDE={builds.OFFLINE_INCLUDE}")
+    assert conf.returncode == 0, conf.stderr
+    build = subprocess.run(["ninja", "-C", str(tmp_path / "b"), "local_tool"], capture_output=True, text=True)
+    assert build.returncode == 0, build.stdout + build.stderr
+    assert (tmp_path / "b" / "tool" / "tool-built").exists()
+
+
+@pytest.mark.slow
+def test_vulkan_variant_configures_offline_on_this_host(tmp_path):
+    plan, _ = builds.plan_for("vulkan", fetch=True)
+    configure = [str(tmp_path / "b") if a == str(plan.build_dir) else a for a in plan.configure]
+    conf = subprocess.run(configure, capture_output=True, text=True)
+    assert conf.returncode == 0, conf.stdout[-2000:] + conf.stderr[-2000:]
+    ninja = (tmp_path / "b" / "build.ninja").read_text()
+    assert "vulkan-shaders-gen" in ninja and "gitlab" not in ninja
