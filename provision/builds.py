@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -20,7 +21,7 @@ from filelock import FileLock
 
 from . import ggml_build, paths, pins, sources
 from .adapters import apt, cmake
-from .errors import SourceUnavailable
+from .errors import SourceUnavailable, ToolMissing
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 OFFLINE_INCLUDE = REPO_ROOT / "patches" / "cmake" / "ggml-virtgpu-offline.cmake"
@@ -116,12 +117,34 @@ def plan_for(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None
     return plan, source_id
 
 
+VULKAN_HEADER = Path("/usr/include/vulkan/vulkan_core.h")
+# ggml-vulkan at the pinned rev creates its instance with VK_EXT_layer_settings (vk::LayerSettingEXT).
+VULKAN_REQUIRED_EXTENSION = "VK_EXT_layer_settings"
+
+
+def vulkan_headers_problem(header: Path = VULKAN_HEADER) -> str | None:
+    """Why the system Vulkan headers cannot build ggml-vulkan, or None. Checked before a 10-minute
+    build fails on it (Debian 12's libvulkan-dev 1.3.239 lacks the extension)."""
+    try:
+        text = header.read_text(errors="replace")
+    except OSError as exc:
+        return f"{header}: {exc.strerror} (install libvulkan-dev)"
+    if VULKAN_REQUIRED_EXTENSION in text:
+        return None
+    version = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
+    return (f"{header} (header version {version.group(1) if version else '?'}) has no {VULKAN_REQUIRED_EXTENSION}, "
+            "which ggml-vulkan uses")
+
+
 def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
            source: Path | None = None, pin_set: pins.Pins | None = None, force: bool = False) -> Built:
     """The promoted build for a variant: from the cache, or built now."""
     pin_set = pin_set or pins.default()
     v = ggml_build.variant(variant_name)
     cmake.require_tools(v.tools, variant=v.name)
+    if v.name == "vulkan" and (problem := vulkan_headers_problem()):
+        raise ToolMissing(problem, fix="install Vulkan headers with VK_EXT_layer_settings (libvulkan-dev from "
+                                        "Debian 13 or sid, or the LunarG SDK) and put them first on the include path")
     plan, source_id = plan_for(variant_name, jobs=jobs, cuda_architectures=cuda_architectures, source=source,
                                pin_set=pin_set)
     protocol = sources.apir_protocol(plan.source, pin_set)

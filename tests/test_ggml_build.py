@@ -212,3 +212,14 @@ def test_vulkan_variant_configures_offline_on_this_host(tmp_path):
     assert conf.returncode == 0, conf.stdout[-2000:] + conf.stderr[-2000:]
     ninja = (tmp_path / "b" / "build.ninja").read_text()
     assert "vulkan-shaders-gen" in ninja and "gitlab" not in ninja
+
+
+def test_vulkan_headers_without_layer_settings_are_refused_before_building(tmp_path):
+    old = tmp_path / "old.h"
+    old.write_text("#define VK_HEADER_VERSION 239\n#define VK_EXT_image_2d_view_of_3d 1\n")
+    new = tmp_path / "new.h"
+    new.write_text("#define VK_HEADER_VERSION 341\n#define VK_EXT_layer_settings 1\n")
+    problem = builds.vulkan_headers_problem(old)
+    assert problem and "239" in problem and "VK_EXT_layer_settings" in problem
+    assert builds.vulkan_headers_problem(new) is None
+    assert "libvulkan-dev" in (builds.vulkan_headers_problem(tmp_path / "missing.h") or "")
