@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ..errors import ProvisionError
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ["stacks"]
+COMMAND_MODULES = ["stacks", "host_tools"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""One module per outside program or library (podman, qemu, chroot, xvfb, ...)."""

@@ -1,0 +1,164 @@
+"""Disks for the Linux route's VMs: the stack's root disk, the model disk, the job disk.
+
+The root disk is the podman image's rootfs (exported) plus provision's guest init,
+turned into ext4 with ``mkfs.ext4 -d`` and cached under the image id and the init's
+hash, so images stay generic and an unchanged image is never re-exported. Kernel and
+initrd come from the rootfs's /boot. Everything is built beside its final name and
+renamed into place only when complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from filelock import FileLock
+
+from .errors import ImageBuildFailed, ToolMissing
+from .paths import cache_dir
+
+INIT_IN_GUEST = "usr/local/libexec/krun-gpu/init"
+MODEL_MOUNT = "/models"
+SECTOR = 512
+
+
+def init_script() -> bytes:
+    return (resources.files("provision") / "data" / "guest" / "init").read_bytes()
+
+
+@dataclass(frozen=True)
+class RootDisk:
+    disk: Path
+    kernel: Path
+    initrd: Path
+    image_id: str
+
+    @property
+    def directory(self) -> Path:
+        return self.disk.parent
+
+
+def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None:
+    if not shutil.which("mkfs.ext4"):
+        raise ToolMissing("mkfs.ext4 is not installed", fix="apt-get install e2fsprogs (scripts/setup-debian does)")
+    used = int(subprocess.run(["du", "-sb", str(source_dir)], capture_output=True, text=True, check=True).stdout.split()[0])
+    # ext4 metadata and block rounding of many small files need room beyond `du`.
+    size_mib = int(used * 1.3 / 2**20) + extra_mib
+    proc = subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-L", label, "-E", "root_owner=0:0", "-d", str(source_dir), str(dest), f"{size_mib}M"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise ImageBuildFailed(f"mkfs.ext4 -d {source_dir} {dest} failed: {proc.stderr.strip()[-800:]}")
+
+
+def _export_rootfs(image_ref: str, dest: Path) -> Path:
+    """The image's file tree (the images module's export when it is there)."""
+    try:
+        from . import images  # type: ignore[attr-defined]
+
+        return Path(images.export_rootfs(image_ref, dest))
+    except ImportError:
+        pass
+    dest.mkdir(parents=True, exist_ok=True)
+    cid = subprocess.run(["podman", "create", image_ref, "true"], capture_output=True, text=True)
+    if cid.returncode != 0:
+        raise ImageBuildFailed(f"podman create {image_ref} failed: {cid.stderr.strip()}", fix=f"build it: provision image build {image_ref}")
+    try:
+        exp = subprocess.Popen(["podman", "export", cid.stdout.strip()], stdout=subprocess.PIPE)
+        tar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=exp.stdout, capture_output=True, text=True)
+        exp.wait()
+        if exp.returncode or tar.returncode:
+            raise ImageBuildFailed(f"exporting {image_ref} failed: {tar.stderr.strip()[-500:]}")
+    finally:
+        subprocess.run(["podman", "rm", "-f", cid.stdout.strip()], capture_output=True)
+    return dest
+
+
+def _boot_files(rootfs: Path) -> tuple[Path, Path]:
+    kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    initrds = sorted((rootfs / "boot").glob("initrd.img-*"))
+    if not kernels or not initrds:
+        raise ImageBuildFailed(
+            f"{rootfs}/boot has no vmlinuz-*/initrd.img-* (kernels: {[k.name for k in kernels]}, initrds: {[i.name for i in initrds]})",
+            fix="the stack must install linux-image-amd64 and initramfs-tools",
+        )
+    return kernels[-1], initrds[-1]
+
+
+def root_disk(image_ref: str, image_id: str) -> RootDisk:
+    """The cached VM disk for an image (keyed by image id + guest init)."""
+    init = init_script()
+    key = f"{image_id[:16]}-{hashlib.sha256(init).hexdigest()[:12]}"
+    final = cache_dir("vm-disks") / key
+    done = final / "disk.json"
+    if done.is_file():
+        meta = json.loads(done.read_text())
+        return RootDisk(final / "root.img", final / meta["kernel"], final / meta["initrd"], image_id)
+    with FileLock(str(final) + ".lock"):
+        if done.is_file():
+            return root_disk(image_ref, image_id)
+        partial = final.with_name(key + ".partial")
+        if partial.exists():
+            shutil.rmtree(partial)
+        partial.mkdir(parents=True)
+        rootfs = _export_rootfs(image_ref, partial / "rootfs")
+        target = rootfs / INIT_IN_GUEST
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(init)
+        target.chmod(0o755)
+        (rootfs / MODEL_MOUNT.lstrip("/")).mkdir(exist_ok=True)
+        kernel, initrd = _boot_files(rootfs)
+        shutil.copy2(kernel, partial / kernel.name)
+        shutil.copy2(initrd, partial / initrd.name)
+        _mkfs(rootfs, partial / "root.img", "root", extra_mib=256)
+        shutil.rmtree(rootfs)
+        (partial / "disk.json").write_text(json.dumps({"image": image_ref, "image_id": image_id, "kernel": kernel.name, "initrd": initrd.name}))
+        if final.exists():
+            shutil.rmtree(final)
+        partial.rename(final)
+    return root_disk(image_ref, image_id)
+
+
+def model_disk(model: Path) -> Path:
+    """A small read-only ext4 disk holding the model file (cached by path, size and mtime)."""
+    model = model.resolve()
+    st = model.stat()
+    key = hashlib.sha256(f"{model}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    final = cache_dir("model-disks") / f"{key}.img"
+    if final.is_file():
+        return final
+    with FileLock(str(final) + ".lock"):
+        if final.is_file():
+            return final
+        staging = final.with_suffix(".staging")
+        if staging.exists():
+            shutil.rmtree(staging)
+        staging.mkdir()
+        try:
+            try:
+                os.link(model, staging / model.name)
+            except OSError:
+                shutil.copy2(model, staging / model.name)
+            partial = final.with_suffix(".partial")
+            _mkfs(staging, partial, "models", extra_mib=16)
+            partial.rename(final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
+def write_job_disk(script: str, dest: Path) -> Path:
+    """The job script as a raw disk: the text, NUL-padded to whole sectors (init strips NULs)."""
+    data = script.encode()
+    if b"\0" in data:
+        raise ValueError("job script contains a NUL byte")
+    pad = (-len(data)) % SECTOR or 0
+    dest.write_bytes(data + b"\0" * (pad + SECTOR))
+    return dest
