@@ -59,6 +59,7 @@ class Stack:
     packages: tuple[str, ...]
     runtime_packages: tuple[str, ...]
     guest_env: dict[str, str] = field(default_factory=dict)
+    verify: tuple[str, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,13 +133,26 @@ class _Validator:
 
     def token(self, value: object, key: str) -> str:
         if not isinstance(value, str) or not _TOKEN.match(value):
-            raise self.fail(key, value, "expected a plain token (letters, digits, ._+:/=@%,-), no spaces or shell metacharacters")
+            raise self.fail(
+                key, value, "expected a plain token (letters, digits, ._+:/=@%,-), no spaces or shell metacharacters"
+            )
         return value
 
     def tokens(self, value: object, key: str) -> tuple[str, ...]:
         if not isinstance(value, list):
             raise self.fail(key, value, "expected a list")
         return tuple(self.token(v, f"{key}[{i}]") for i, v in enumerate(value))
+
+    def command(self, value: object, key: str) -> str:
+        """A command run in the image (one RUN step): plain tokens separated by single spaces."""
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, value, "expected a command string")
+        for tok in value.split(" "):
+            if not _TOKEN.match(tok):
+                raise self.fail(
+                    key, value, f"token {tok!r} is not plain (no quotes, expansions or shell metacharacters)"
+                )
+        return value
 
     def boolean(self, value: object, key: str) -> bool:
         if not isinstance(value, bool):
@@ -147,8 +161,19 @@ class _Validator:
 
 
 _STACK_KEYS = {
-    "description", "route", "hosts", "base", "gpu", "gpu_vram_mib", "device", "mesa",
-    "build", "packages", "runtime_packages", "guest_env",
+    "description",
+    "route",
+    "hosts",
+    "base",
+    "gpu",
+    "gpu_vram_mib",
+    "device",
+    "mesa",
+    "build",
+    "packages",
+    "runtime_packages",
+    "guest_env",
+    "verify",
 }
 _BUILD_KEYS = {"source", "cmake_flags", "targets", "packages"}
 
@@ -204,7 +229,9 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             pinned = pins.raw["debian"]["guest_packages"]
             for i, pkg in enumerate(packages):
                 if pkg not in pinned:
-                    raise v.fail(f"{key}.packages[{i}]", pkg, f"no version pinned under debian.guest_packages in {pins.path}")
+                    raise v.fail(
+                        f"{key}.packages[{i}]", pkg, f"no version pinned under debian.guest_packages in {pins.path}"
+                    )
         env_raw = s.get("guest_env") or {}
         if not isinstance(env_raw, dict):
             raise v.fail(f"{key}.guest_env", env_raw, "expected a mapping")
@@ -213,6 +240,10 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             if not isinstance(ek, str) or not _ENV_KEY.match(ek):
                 raise v.fail(f"{key}.guest_env.{ek}", ek, "environment names are UPPER_CASE")
             guest_env[ek] = v.token(ev, f"{key}.guest_env.{ek}")
+        verify_raw = s.get("verify", [])
+        if not isinstance(verify_raw, list):
+            raise v.fail(f"{key}.verify", verify_raw, "expected a list of commands")
+        verify = tuple(v.command(c, f"{key}.verify[{i}]") for i, c in enumerate(verify_raw))
         stacks[name] = Stack(
             name=name,
             description=v.text(s["description"], f"{key}.description"),
@@ -227,6 +258,7 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             packages=packages,
             runtime_packages=v.tokens(s.get("runtime_packages", []), f"{key}.runtime_packages"),
             guest_env=guest_env,
+            verify=verify,
         )
     return Catalog(path, stacks)
 

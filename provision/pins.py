@@ -66,7 +66,9 @@ class Pins:
         try:
             return self.sources[name]
         except KeyError:
-            raise InvalidValue(f"{self.path}: sources.{name}: no such pin (known: {', '.join(sorted(self.sources))})") from None
+            raise InvalidValue(
+                f"{self.path}: sources.{name}: no such pin (known: {', '.join(sorted(self.sources))})"
+            ) from None
 
     def require(self, name: str, *, purpose: str) -> SourcePin:
         """Return a source pin, refusing one that nobody could verify."""
@@ -121,22 +123,60 @@ def parse(data: Any, path: Path) -> Pins:
         _check(status in STATUSES, path, f"{key}.status", status, f"must be one of {', '.join(STATUSES)}")
         for hkey in ("hash", "cargoHash"):
             if hkey in entry:
-                _check(bool(_SRI.match(str(entry[hkey]))), path, f"{key}.{hkey}", entry[hkey], "not an SRI sha256 (sha256-<base64>=)")
+                _check(
+                    bool(_SRI.match(str(entry[hkey]))),
+                    path,
+                    f"{key}.{hkey}",
+                    entry[hkey],
+                    "not an SRI sha256 (sha256-<base64>=)",
+                )
         if "sha256" in entry:
-            _check(bool(_SHA256_HEX.match(str(entry["sha256"]))), path, f"{key}.sha256", entry["sha256"], "not 64 lowercase hex digits")
+            _check(
+                bool(_SHA256_HEX.match(str(entry["sha256"]))),
+                path,
+                f"{key}.sha256",
+                entry["sha256"],
+                "not 64 lowercase hex digits",
+            )
         if "rev" in entry:
             _check(bool(_REV.match(str(entry["rev"]))), path, f"{key}.rev", entry["rev"], "not a 40-digit commit id")
         if "url" in entry:
-            _check(str(entry["url"]).startswith("https://"), path, f"{key}.url", entry["url"], "only https URLs are allowed")
+            _check(
+                str(entry["url"]).startswith("https://"),
+                path,
+                f"{key}.url",
+                entry["url"],
+                "only https URLs are allowed",
+            )
         attrs = {k: v for k, v in entry.items() if k not in ("fetcher", "status", "provenance")}
         sources[name] = SourcePin(name, str(entry.get("fetcher")), str(status), str(entry.get("provenance", "")), attrs)
     models: dict[str, ModelPin] = {}
     for name, entry in data["models"].items():
         key = f"models.{name}"
-        _check(bool(_SHA256_HEX.match(str(entry.get("sha256")))), path, f"{key}.sha256", entry.get("sha256"), "not 64 lowercase hex digits")
-        _check(isinstance(entry.get("size"), int) and entry["size"] > 0, path, f"{key}.size", entry.get("size"), "must be a positive integer")
-        _check(str(entry.get("hf", "")).startswith("hf://"), path, f"{key}.hf", entry.get("hf"), "must be an hf://OWNER/REPO/FILE@REV reference")
-        models[name] = ModelPin(name, entry["hf"], entry["sha256"], entry["size"], entry["status"], entry.get("provenance", ""))
+        _check(
+            bool(_SHA256_HEX.match(str(entry.get("sha256")))),
+            path,
+            f"{key}.sha256",
+            entry.get("sha256"),
+            "not 64 lowercase hex digits",
+        )
+        _check(
+            isinstance(entry.get("size"), int) and entry["size"] > 0,
+            path,
+            f"{key}.size",
+            entry.get("size"),
+            "must be a positive integer",
+        )
+        _check(
+            str(entry.get("hf", "")).startswith("hf://"),
+            path,
+            f"{key}.hf",
+            entry.get("hf"),
+            "must be an hf://OWNER/REPO/FILE@REV reference",
+        )
+        models[name] = ModelPin(
+            name, entry["hf"], entry["sha256"], entry["size"], entry["status"], entry.get("provenance", "")
+        )
     return Pins(path, data, sources, models)
 
 

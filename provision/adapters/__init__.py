@@ -1,1 +1,1 @@
-"""One module per outside program or library (podman, qemu, chroot, xvfb, ...)."""
+"""Adapters: each module talks to exactly one outside program or library."""

@@ -15,12 +15,14 @@ from collections.abc import Sequence
 from ..errors import ProvisionError
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ["stacks", "host_tools"]
+COMMAND_MODULES = ["stacks", "image", "host_tools"]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="provision", description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {importlib.import_module('provision').__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {importlib.import_module('provision').__version__}"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}").register(sub)

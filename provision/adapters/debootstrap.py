@@ -1,0 +1,48 @@
+"""debootstrap: Debian root filesystems for base images and host-tools chroots.
+
+Always the client's default mirror (no mirror argument). The mirror may serve a dated
+snapshot whose Release file has expired, so apt inside is told not to check validity.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..errors import ImageBuildFailed, ToolMissing
+
+APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
+APT_NO_RECOMMENDS = 'APT::Install-Recommends "false";\n'
+
+
+def command(suite: str, dest: Path, *, variant: str = "minbase", include: Sequence[str] = ()) -> list[str]:
+    cmd = ["debootstrap", f"--variant={variant}"]
+    if include:
+        cmd.append("--include=" + ",".join(include))
+    return [*cmd, suite, str(dest)]
+
+
+def make_rootfs(suite: str, dest: Path, *, variant: str = "minbase", include: Sequence[str] = ()) -> Path:
+    """Create ``dest`` atomically: built in a sibling temp dir, renamed only when complete."""
+    if shutil.which("debootstrap") is None:
+        raise ToolMissing("debootstrap is not installed", fix="apt-get install debootstrap (scripts/setup-debian does)")
+    if dest.exists():
+        return dest
+    tmp = dest.with_name(dest.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    cmd = command(suite, tmp, variant=variant, include=include)
+    print(f"debootstrap: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-15:])
+        raise ImageBuildFailed(f"debootstrap {suite} failed (exit {proc.returncode}):\n{tail}")
+    conf = tmp / "etc/apt/apt.conf.d"
+    (conf / "99krun-gpu-snapshot").write_text(APT_SNAPSHOT_CONF)
+    (conf / "99krun-gpu-norecommends").write_text(APT_NO_RECOMMENDS)
+    tmp.rename(dest)
+    return dest

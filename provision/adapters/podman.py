@@ -1,0 +1,193 @@
+"""podman (through plumbum): image builds, imports, inspection and rootfs export.
+
+On hosts without a unified cgroup v2 hierarchy, or inside a container, podman's default
+OCI runtime isolation cannot build here (cgroups in hybrid mode, setrlimit refused), so
+builds use chroot isolation and the cgroupfs manager. The decision is data (BuildFlags)
+so tests and --dry-run can show it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from plumbum import local
+
+from ..errors import ImageBuildFailed, ToolMissing
+
+_STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
+_CACHE_HIT = re.compile(r"^--> Using cache [0-9a-f]+")
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    cgroup_fs: str  # "cgroup2fs" when unified, "tmpfs" for v1/hybrid
+    systemd_running: bool
+    in_container: bool
+
+
+@dataclass(frozen=True)
+class BuildFlags:
+    isolation: str | None
+    cgroup_manager: str | None
+    reasons: tuple[str, ...]
+
+    def args(self) -> list[str]:
+        out = []
+        if self.isolation:
+            out.append(f"--isolation={self.isolation}")
+        if self.cgroup_manager:
+            out.append(f"--cgroup-manager={self.cgroup_manager}")
+        return out
+
+
+def probe_host() -> HostFacts:
+    try:
+        fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        fs = "unknown"
+    in_container = Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+    return HostFacts(fs, Path("/run/systemd/system").is_dir(), in_container)
+
+
+def decide_flags(facts: HostFacts, env: dict[str, str] | None = None) -> BuildFlags:
+    """Pure: which podman flags this host needs (PROVISION_PODMAN_ISOLATION overrides)."""
+    env = env if env is not None else dict(os.environ)
+    reasons: list[str] = []
+    isolation = None
+    manager = None
+    if facts.cgroup_fs != "cgroup2fs":
+        reasons.append(f"cgroup filesystem is {facts.cgroup_fs}, not unified cgroup v2")
+    if facts.in_container:
+        reasons.append("running inside a container")
+    if reasons:
+        isolation = "chroot"
+    if not facts.systemd_running:
+        manager = "cgroupfs"
+        reasons.append("systemd is not running")
+    if env.get("PROVISION_PODMAN_ISOLATION"):
+        isolation = env["PROVISION_PODMAN_ISOLATION"]
+        reasons.append("PROVISION_PODMAN_ISOLATION set")
+    return BuildFlags(isolation, manager, tuple(reasons))
+
+
+def _podman() -> object:
+    if shutil.which("podman") is None:
+        raise ToolMissing("podman is not installed", fix="apt-get install podman (scripts/setup-debian does)")
+    return local["podman"]
+
+
+def global_args(flags: BuildFlags) -> list[str]:
+    return [f"--cgroup-manager={flags.cgroup_manager}"] if flags.cgroup_manager else []
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    image_id: str
+    steps: int
+    layer_steps: int
+    cached_steps: int
+
+
+def build_command(context: Path, tag: str, flags: BuildFlags, containerfile: str = "Containerfile") -> list[str]:
+    args = ["build", "--file", str(context / containerfile), "--tag", tag, "--layers=true"]
+    if flags.isolation:
+        args.append(f"--isolation={flags.isolation}")
+    return [*global_args(flags), *args, str(context)]
+
+
+def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], None] | None = None) -> BuildResult:
+    """Run podman build, streaming its output; on failure name the step that failed."""
+    podman = _podman()
+    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    cmd = build_command(context, tag, flags)
+    proc = podman[cmd].popen(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # type: ignore[index]
+    steps: list[str] = []
+    cached = 0
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        log(line)
+        tail = (tail + [line])[-25:]
+        m = _STEP.match(line)
+        if m:
+            steps.append(f"{m.group(1)}/{m.group(2)} {m.group(3)}")
+        elif _CACHE_HIT.match(line):
+            cached += 1
+    rc = proc.wait()
+    if rc != 0:
+        failing = steps[-1] if steps else "(before the first step)"
+        raise ImageBuildFailed(
+            f"podman build of {tag} failed at STEP {failing} (exit {rc})\n" + "\n".join(tail[-12:]),
+            fix="fix the failing step (the output above shows its error) and build again; finished steps stay cached",
+        )
+    image_id = inspect(tag)["Id"]
+    layer_steps = sum(1 for s in steps if not s.split(" ", 1)[1].upper().startswith("FROM "))
+    return BuildResult(image_id=image_id, steps=len(steps), layer_steps=layer_steps, cached_steps=cached)
+
+
+def inspect(ref: str) -> dict:
+    podman = _podman()
+    proc = podman["image", "inspect", ref].run(retcode=None)  # type: ignore[index]
+    if proc[0] != 0:
+        raise ImageBuildFailed(f"podman image inspect {ref} failed: {proc[2].strip()}")
+    data = json.loads(proc[1])
+    return dict(data[0])
+
+
+def exists(ref: str) -> bool:
+    podman = _podman()
+    return podman["image", "exists", ref].run(retcode=None)[0] == 0  # type: ignore[index]
+
+
+def import_rootfs(rootfs: Path, ref: str) -> str:
+    """tar the directory into ``podman import``; returns the image id."""
+    _podman()
+    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
+    imp = subprocess.run(["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True)
+    if tar.stdout:
+        tar.stdout.close()
+    tar.wait()
+    if imp.returncode != 0 or tar.returncode != 0:
+        raise ImageBuildFailed(f"podman import of {rootfs} as {ref} failed: {imp.stderr.strip()}")
+    return imp.stdout.strip().splitlines()[-1]
+
+
+def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
+    """Unpack an image's filesystem into ``dest`` (atomic: temp dir, then rename)."""
+    podman = _podman()
+    tmp = dest.with_name(dest.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    cid = podman[[*global_args(flags), "create", ref, "true"]]().strip()  # type: ignore[index]
+    try:
+        exp = subprocess.Popen(["podman", *global_args(flags), "export", cid], stdout=subprocess.PIPE)
+        untar = subprocess.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], stdin=exp.stdout, capture_output=True)
+        if exp.stdout:
+            exp.stdout.close()
+        exp.wait()
+        if exp.returncode or untar.returncode:
+            raise ImageBuildFailed(f"podman export of {ref} failed: {untar.stderr.decode(errors='replace').strip()}")
+    finally:
+        podman[[*global_args(flags), "rm", "-f", cid]].run(retcode=None)  # type: ignore[index]
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest
+
+
+def labels(ref: str) -> dict[str, str]:
+    return dict(inspect(ref).get("Labels") or {})
+
+
+def run_args(args: Sequence[str]) -> list[str]:
+    return ["podman", *args]

@@ -1,0 +1,53 @@
+"""Shared fixtures. Heavy artifacts are cached under the provision cache (keyed by what
+they depend on) so reruns are fast; a fresh machine builds them once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def busybox_image() -> str:
+    """A tiny local base image: Debian's busybox-static imported with podman (no registry)."""
+    from provision import paths
+    from provision.adapters import podman
+
+    version = run(["apt-cache", "policy", "busybox-static"]).stdout
+    candidate = next(line.split()[-1] for line in version.splitlines() if "Candidate:" in line)
+    tag = "localhost/krun-gpu-test/busybox:" + candidate.replace(":", "_").replace("+", "_")
+    if podman.exists(tag):
+        return tag
+    work = paths.cache_dir("test-fixtures", "busybox")
+    for deb in work.glob("*.deb"):
+        deb.unlink()
+    run(["apt-get", "download", f"busybox-static={candidate}"], cwd=work)
+    deb = next(work.glob("busybox-static_*.deb"))
+    rootfs = work / "rootfs"
+    shutil.rmtree(rootfs, ignore_errors=True)
+    run(["dpkg-deb", "-x", str(deb), str(rootfs)])
+    bindir = rootfs / "bin"
+    applets = run([str(bindir / "busybox"), "--list"]).stdout.split()
+    for applet in applets:
+        link = bindir / applet
+        if not link.exists():
+            os.symlink("busybox", link)
+    for d in ("tmp", "etc", "opt"):
+        (rootfs / d).mkdir(exist_ok=True)
+    podman.import_rootfs(rootfs, tag)
+    return tag
