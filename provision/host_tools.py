@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import pins as pins_mod
-from .adapters import qemu
+from .adapters import debootstrap, qemu
 from .adapters.chroot import Chroot
 from .diagnostics import Check
 from .errors import HostToolsMissing, ToolMissing
@@ -38,13 +38,6 @@ RENDER_SERVER = "usr/libexec/virgl_render_server"
 VIRGL_LIB_GLOB = "usr/lib/*/libvirglrenderer.so.1*"
 XVFB = "usr/bin/Xvfb"
 QEMU = "usr/bin/qemu-system-x86_64"
-
-# The mirror serves a dated sid snapshot whose Release file has expired; without this
-# apt refuses it. Recommends are off so the package list (the cache key) is the truth.
-APT_CONF = {
-    "99provision-snapshot": 'Acquire::Check-Valid-Until "false";\n',
-    "99provision-norecommends": 'APT::Install-Recommends "false";\n',
-}
 
 
 @dataclass(frozen=True)
@@ -76,7 +69,12 @@ def package_spec(pins: pins_mod.Pins | None = None) -> dict[str, str]:
 
 def cache_key(pins: pins_mod.Pins | None = None) -> str:
     pins = pins or pins_mod.default()
-    spec = {"suite": pins.debian["suite"], "packages": package_spec(pins), "apt_conf": APT_CONF, "layout": 1}
+    spec = {
+        "suite": pins.debian["suite"],
+        "packages": package_spec(pins),
+        "apt_conf": [debootstrap.APT_SNAPSHOT_CONF, debootstrap.APT_NO_RECOMMENDS],
+        "layout": 1,
+    }
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -113,7 +111,14 @@ def _files_check(tools: HostTools) -> list[Check]:
     if libs:
         checks.append(Check("host-tools.virglrenderer", "ok", str(libs[0])))
     else:
-        checks.append(Check("host-tools.virglrenderer", "fail", f"no {VIRGL_LIB_GLOB} under {tools.root} (package libvirglrenderer1)", fix=_fix(tools)))
+        checks.append(
+            Check(
+                "host-tools.virglrenderer",
+                "fail",
+                f"no {VIRGL_LIB_GLOB} under {tools.root} (package libvirglrenderer1)",
+                fix=_fix(tools),
+            )
+        )
     return checks
 
 
@@ -127,9 +132,18 @@ def checks(tools: HostTools | None = None, *, probe: bool = True) -> list[Check]
     """Doctor-style checks of the host tools; ``probe`` also asks QEMU what it supports."""
     tools = tools if tools is not None else locate()
     if tools is None:
-        return [Check("host-tools.location", "fail", f"no {ENV_VAR}, no cached chroot ({cached_root()}), no qemu-system-x86_64 on PATH", fix=_fix(None))]
+        return [
+            Check(
+                "host-tools.location",
+                "fail",
+                f"no {ENV_VAR}, no cached chroot ({cached_root()}), no qemu-system-x86_64 on PATH",
+                fix=_fix(None),
+            )
+        ]
     if not tools.root.is_dir():
-        return [Check("host-tools.location", "fail", f"{tools.root} ({tools.source}) is not a directory", fix=_fix(tools))]
+        return [
+            Check("host-tools.location", "fail", f"{tools.root} ({tools.source}) is not a directory", fix=_fix(tools))
+        ]
     found = [Check("host-tools.location", "ok", f"{tools.root} ({tools.source})")]
     found += _files_check(tools)
     if probe and tools.path(QEMU).exists():
@@ -146,10 +160,16 @@ def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
     """The tools for a run, or E020 naming each missing piece and how to get it."""
     tools = tools if tools is not None else locate()
     found = checks(tools, probe=True)
-    needed = [c for c in found if c.status == "fail" and (gpu or c.id in ("host-tools.location", "host-tools.qemu", "host-tools.qemu-probe"))]
+    needed = [
+        c
+        for c in found
+        if c.status == "fail" and (gpu or c.id in ("host-tools.location", "host-tools.qemu", "host-tools.qemu-probe"))
+    ]
     if needed or tools is None:
         lines = "; ".join(f"{c.id}: {c.evidence}" for c in needed)
-        raise HostToolsMissing(f"host tools for the Linux route are missing: {lines}", fix=needed[0].fix if needed else _fix(None))
+        raise HostToolsMissing(
+            f"host tools for the Linux route are missing: {lines}", fix=needed[0].fix if needed else _fix(None)
+        )
     return tools
 
 
@@ -167,14 +187,16 @@ def _run(argv: list[str], log: Callable[[str], None], **kw: object) -> None:
         )
 
 
-def make(pins: pins_mod.Pins | None = None, *, log: Callable[[str], None] | None = None, force: bool = False) -> HostTools:
+def make(
+    pins: pins_mod.Pins | None = None, *, log: Callable[[str], None] | None = None, force: bool = False
+) -> HostTools:
     """Build (or reuse) the cached sid chroot with the pinned host packages."""
     pins = pins or pins_mod.default()
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     if os.geteuid() != 0:
-        raise HostToolsMissing("making the host-tools chroot needs root (debootstrap, chroot)", fix="run `sudo provision host-tools`")
-    if not shutil.which("debootstrap"):
-        raise ToolMissing("debootstrap is not installed", fix="apt-get install debootstrap (scripts/setup-debian does)")
+        raise HostToolsMissing(
+            "making the host-tools chroot needs root (debootstrap, chroot)", fix="run `sudo provision host-tools`"
+        )
     final = cached_root(pins)
     if (final / READY_STAMP).is_file() and not force:
         log(f"host tools: cached at {final}")
@@ -184,14 +206,13 @@ def make(pins: pins_mod.Pins | None = None, *, log: Callable[[str], None] | None
     with FileLock(str(final) + ".lock"):
         if (final / READY_STAMP).is_file() and not force:
             return HostTools(final, "cache")
-        partial = final.with_name(final.name + ".partial")
+        # A complete sid tree that has not had its packages installed yet.
+        partial = final.with_name(final.name + ".building")
         if partial.exists():
             shutil.rmtree(partial)
         suite = pins.debian["suite"]
         log(f"host tools: debootstrap {suite} -> {partial}")
-        _run(["debootstrap", "--variant=minbase", suite, str(partial)], log)
-        for name, text in APT_CONF.items():
-            (partial / "etc/apt/apt.conf.d" / name).write_text(text)
+        debootstrap.make_rootfs(suite, partial)
         spec = package_spec(pins)
         ch = Chroot(partial)
         env = {"DEBIAN_FRONTEND": "noninteractive"}
@@ -199,7 +220,9 @@ def make(pins: pins_mod.Pins | None = None, *, log: Callable[[str], None] | None
         wanted = [f"{name}={version}" for name, version in spec.items()]
         _run(ch.argv(["apt-get", "install", "-y", "-q", *wanted], env), log)
         _run(ch.argv(["apt-get", "clean"], env), log)
-        (partial / READY_STAMP).write_text(json.dumps({"suite": suite, "packages": spec, "key": cache_key(pins)}, indent=2))
+        (partial / READY_STAMP).write_text(
+            json.dumps({"suite": suite, "packages": spec, "key": cache_key(pins)}, indent=2)
+        )
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)

@@ -47,12 +47,27 @@ class RootDisk:
 def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None:
     if not shutil.which("mkfs.ext4"):
         raise ToolMissing("mkfs.ext4 is not installed", fix="apt-get install e2fsprogs (scripts/setup-debian does)")
-    used = int(subprocess.run(["du", "-sb", str(source_dir)], capture_output=True, text=True, check=True).stdout.split()[0])
+    used = int(
+        subprocess.run(["du", "-sb", str(source_dir)], capture_output=True, text=True, check=True).stdout.split()[0]
+    )
     # ext4 metadata and block rounding of many small files need room beyond `du`.
     size_mib = int(used * 1.3 / 2**20) + extra_mib
     proc = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-L", label, "-E", "root_owner=0:0", "-d", str(source_dir), str(dest), f"{size_mib}M"],
-        capture_output=True, text=True,
+        [
+            "mkfs.ext4",
+            "-q",
+            "-F",
+            "-L",
+            label,
+            "-E",
+            "root_owner=0:0",
+            "-d",
+            str(source_dir),
+            str(dest),
+            f"{size_mib}M",
+        ],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0:
         raise ImageBuildFailed(f"mkfs.ext4 -d {source_dir} {dest} failed: {proc.stderr.strip()[-800:]}")
@@ -61,7 +76,7 @@ def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None
 def _export_rootfs(image_ref: str, dest: Path) -> Path:
     """The image's file tree (the images module's export when it is there)."""
     try:
-        from . import images  # type: ignore[attr-defined]
+        from . import images
 
         return Path(images.export_rootfs(image_ref, dest))
     except ImportError:
@@ -69,7 +84,10 @@ def _export_rootfs(image_ref: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     cid = subprocess.run(["podman", "create", image_ref, "true"], capture_output=True, text=True)
     if cid.returncode != 0:
-        raise ImageBuildFailed(f"podman create {image_ref} failed: {cid.stderr.strip()}", fix=f"build it: provision image build {image_ref}")
+        raise ImageBuildFailed(
+            f"podman create {image_ref} failed: {cid.stderr.strip()}",
+            fix=f"build it: provision image build {image_ref}",
+        )
     try:
         exp = subprocess.Popen(["podman", "export", cid.stdout.strip()], stdout=subprocess.PIPE)
         tar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=exp.stdout, capture_output=True, text=True)
@@ -86,7 +104,8 @@ def _boot_files(rootfs: Path) -> tuple[Path, Path]:
     initrds = sorted((rootfs / "boot").glob("initrd.img-*"))
     if not kernels or not initrds:
         raise ImageBuildFailed(
-            f"{rootfs}/boot has no vmlinuz-*/initrd.img-* (kernels: {[k.name for k in kernels]}, initrds: {[i.name for i in initrds]})",
+            f"{rootfs}/boot has no vmlinuz-*/initrd.img-* "
+            f"(kernels: {[k.name for k in kernels]}, initrds: {[i.name for i in initrds]})",
             fix="the stack must install linux-image-amd64 and initramfs-tools",
         )
     return kernels[-1], initrds[-1]
@@ -119,7 +138,9 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
         shutil.copy2(initrd, partial / initrd.name)
         _mkfs(rootfs, partial / "root.img", "root", extra_mib=256)
         shutil.rmtree(rootfs)
-        (partial / "disk.json").write_text(json.dumps({"image": image_ref, "image_id": image_id, "kernel": kernel.name, "initrd": initrd.name}))
+        (partial / "disk.json").write_text(
+            json.dumps({"image": image_ref, "image_id": image_id, "kernel": kernel.name, "initrd": initrd.name})
+        )
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)

@@ -68,9 +68,21 @@ class Chroot:
                 raise ValueError(f"bind target must be an absolute path without '..': {dst!r}")
             binds += [str(src.resolve()), dst]
         return [
-            "unshare", "--mount", "--propagation", "private",
-            "sh", "-c", _SETUP, "krun-chroot", str(self.root.resolve()), *binds, "--",
-            "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env_items.items()), *program,
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _SETUP,
+            "krun-chroot",
+            str(self.root.resolve()),
+            *binds,
+            "--",
+            "/usr/bin/env",
+            "-i",
+            *(f"{k}={v}" for k, v in env_items.items()),
+            *program,
         ]
 
 

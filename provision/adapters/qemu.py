@@ -87,17 +87,39 @@ def probe(tools: HostTools) -> Capabilities:
 def capability_checks(caps: Capabilities, *, fix: str) -> list[Check]:
     out = [Check("host-tools.qemu-version", "ok", caps.version)]
     if not caps.gpu_device:
-        out.append(Check("host-tools.qemu-gpu", "fail", f"QEMU {caps.version} has no {GPU_DEVICE} (package qemu-system-modules-opengl)", fix=fix))
+        out.append(
+            Check(
+                "host-tools.qemu-gpu",
+                "fail",
+                f"QEMU {caps.version} has no {GPU_DEVICE} (package qemu-system-modules-opengl)",
+                fix=fix,
+            )
+        )
         return out
     missing = [p for p in GPU_PROPERTIES if p not in caps.gpu_properties]
     if missing:
-        out.append(Check("host-tools.qemu-gpu", "fail", f"{GPU_DEVICE} of QEMU {caps.version} lacks {', '.join(missing)} (needs QEMU >= 9.2)", fix=fix))
+        out.append(
+            Check(
+                "host-tools.qemu-gpu",
+                "fail",
+                f"{GPU_DEVICE} of QEMU {caps.version} lacks {', '.join(missing)} (needs QEMU >= 9.2)",
+                fix=fix,
+            )
+        )
     else:
         out.append(Check("host-tools.qemu-gpu", "ok", f"{GPU_DEVICE} with {', '.join(GPU_PROPERTIES)}"))
     if {"egl-headless", "sdl"} & caps.displays:
         out.append(Check("host-tools.qemu-display", "ok", ", ".join(sorted(caps.displays))))
     else:
-        out.append(Check("host-tools.qemu-display", "fail", f"no GL display backend (have {', '.join(sorted(caps.displays)) or 'none'}); sdl comes with qemu-system-gui", fix=fix))
+        out.append(
+            Check(
+                "host-tools.qemu-display",
+                "fail",
+                f"no GL display backend (have {', '.join(sorted(caps.displays)) or 'none'}); "
+                "sdl comes with qemu-system-gui",
+                fix=fix,
+            )
+        )
     return out
 
 
@@ -164,20 +186,41 @@ class VmSpec:
 def kernel_cmdline(spec: VmSpec) -> str:
     # ro: the root disk is shared by concurrent VMs and never written. panic=-1 turns a
     # dying init into a reset, which -no-reboot turns into QEMU exiting.
-    parts = ["console=ttyS0", "root=/dev/vda", "ro", "rootwait", "panic=-1", "quiet", "init=/usr/local/libexec/krun-gpu/init"]
+    parts = [
+        "console=ttyS0",
+        "root=/dev/vda",
+        "ro",
+        "rootwait",
+        "panic=-1",
+        "quiet",
+        "init=/usr/local/libexec/krun-gpu/init",
+    ]
     return " ".join([*parts, *spec.append_extra])
 
 
 def argv(spec: VmSpec) -> list[str]:
     """The QEMU command line for ``spec`` (pure)."""
     accel = ["-accel", "kvm", "-cpu", "host"] if spec.accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
-    out = [BINARY, *accel, "-m", str(spec.memory_mib), "-smp", str(spec.cpus), "-nodefaults", "-no-reboot", "-no-user-config"]
+    out = [
+        BINARY,
+        *accel,
+        "-m",
+        str(spec.memory_mib),
+        "-smp",
+        str(spec.cpus),
+        "-nodefaults",
+        "-no-reboot",
+        "-no-user-config",
+    ]
     if spec.gpu:
         # Venus maps host memory into the guest: the RAM must be a shareable memfd.
         out += [
-            "-object", f"memory-backend-memfd,id=mem,size={spec.memory_mib}M,share=on",
-            "-machine", "q35,memory-backend=mem",
-            "-device", f"{GPU_DEVICE},venus=on,blob=on,hostmem={spec.hostmem_mib}M",
+            "-object",
+            f"memory-backend-memfd,id=mem,size={spec.memory_mib}M,share=on",
+            "-machine",
+            "q35,memory-backend=mem",
+            "-device",
+            f"{GPU_DEVICE},venus=on,blob=on,hostmem={spec.hostmem_mib}M",
         ]
         out += ["-display", "egl-headless" if spec.display == "egl-headless" else "sdl,gl=on"]
     else:
@@ -188,5 +231,10 @@ def argv(spec: VmSpec) -> list[str]:
     out += ["-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernel_cmdline(spec)]
     for i, d in enumerate((spec.root, *spec.drives)):
         ro = ",readonly=on" if d.readonly else ""
-        out += ["-drive", f"file={d.path},format=raw,if=none,id=d{i}{ro}", "-device", f"virtio-blk-pci,drive=d{i},serial={d.serial}"]
+        out += [
+            "-drive",
+            f"file={d.path},format=raw,if=none,id=d{i}{ro}",
+            "-device",
+            f"virtio-blk-pci,drive=d{i},serial={d.serial}",
+        ]
     return out

@@ -7,6 +7,7 @@ itself (``-displayfd``) so concurrent runs never race for a number.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -35,10 +36,8 @@ class Xvfb:
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
     """SIGTERM, wait, SIGKILL, reap: the pid never outlives this call."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         try:
             proc.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
@@ -52,7 +51,14 @@ def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0) -> Xvfb:
     program = ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-noreset"]
     argv = chroot.argv(program) if chroot else program
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(write_fd,), start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
     os.close(write_fd)
     deadline = time.monotonic() + timeout_s
     data = b""
@@ -71,5 +77,7 @@ def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0) -> Xvfb:
     if not data.strip().isdigit():
         stop_process(proc)
         tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
-        raise VmFailed(f"Xvfb did not start (log {log}): {tail}", fix="check the host tools: provision host-tools --check")
+        raise VmFailed(
+            f"Xvfb did not start (log {log}): {tail}", fix="check the host tools: provision host-tools --check"
+        )
     return Xvfb(proc, f":{int(data.strip())}")

@@ -25,5 +25,7 @@ def run(args: argparse.Namespace) -> int:
         tools = host_tools.locate()
         print(dumps({"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]}))
     else:
-        print(table(["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks]))
+        print(
+            table(["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks])
+        )
     return 1 if failed(checks) else 0

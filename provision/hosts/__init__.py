@@ -53,6 +53,8 @@ def native_backend(platform: str | None = None) -> HostBackend:
     except ModuleNotFoundError as exc:
         if exc.name != f"{__name__}.{name}":
             raise
-        raise WrongPlatform(f"the {name} host backend is not part of this build", fix="install the full krun-gpu") from None
+        raise WrongPlatform(
+            f"the {name} host backend is not part of this build", fix="install the full krun-gpu"
+        ) from None
     backend: HostBackend = mod.backend()
     return backend

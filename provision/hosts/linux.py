@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -150,7 +150,7 @@ class LinuxBackend:
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
-        env = {"HOME": "/root"}
+        env = {"HOME": "/root", "XDG_RUNTIME_DIR": "/tmp"}
         x: xvfb.Xvfb | None = None
         proc: subprocess.Popen[bytes] | None = None
         started = time.monotonic()
@@ -162,10 +162,16 @@ class LinuxBackend:
             full = chroot.argv(argv, env) if chroot else argv
             with (run_dir / "qemu.log").open("wb") as qlog:
                 proc = subprocess.Popen(
-                    full, stdin=subprocess.DEVNULL, stdout=qlog, stderr=subprocess.STDOUT,
-                    start_new_session=True, env=None if chroot else {**os.environ, **env},
+                    full,
+                    stdin=subprocess.DEVNULL,
+                    stdout=qlog,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=None if chroot else {**os.environ, **env},
                 )
-            self.log(f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}")
+            self.log(
+                f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
+            )
             status = _watch(proc, run_dir, deadline, out, err)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
@@ -195,7 +201,9 @@ def _watch(proc: subprocess.Popen[bytes], run_dir: Path, deadline: float, out: B
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
                 s.pump()
-            raise RunTimeout(f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
+            raise RunTimeout(
+                f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
+            )
         time.sleep(0.2)
     # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
     try:
@@ -206,7 +214,8 @@ def _watch(proc: subprocess.Popen[bytes], run_dir: Path, deadline: float, out: B
         s.pump()
     if status is None:
         raise VmFailed(
-            f"QEMU exited ({proc.returncode}) before the guest reported an exit status: {_tail(run_dir / 'qemu.log')} | console: {_tail(console)}",
+            f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
+            f"{_tail(run_dir / 'qemu.log')} | console: {_tail(console)}",
             fix=f"see {run_dir}",
         )
     return status
@@ -268,16 +277,18 @@ def _prune_runs() -> None:
 
 def image_for(stack: Stack) -> tuple[str, str]:
     """(image ref, image id) of the stack's built image."""
-    from .. import images  # type: ignore[attr-defined]
+    from .. import images
 
     built = images.build(stack.name)
     return built.ref, built.image_id
 
 
-def capture_run(backend: LinuxBackend, stack: Stack, gpu: bool, model: Path | None, command: Sequence[str], timeout: float) -> tuple[RunResult, str, str]:
+def capture_run(
+    backend: LinuxBackend, stack: Stack, gpu: bool, model: Path | None, command: Sequence[str], timeout: float
+) -> tuple[RunResult, str, str]:
     """Run and also return the command's stdout and stderr as text."""
     out, err = io.BytesIO(), io.BytesIO()
-    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err)  # type: ignore[arg-type]
+    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err)
     return res, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 
@@ -286,3 +297,45 @@ def backend() -> LinuxBackend:
 
 
 __all__ = ["LinuxBackend", "RunResult", "backend", "job_script", "ProvisionError"]
+
+
+# --- benchmarks ------------------------------------------------------------------------------
+
+BENCH_ARGS = ("-p", "256", "-n", "16", "-r", "2", "-o", "json")
+
+
+def guest_bench_command(device_args: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """One guest command running llama-bench once per place, each after a section marker."""
+    parts = ["set -e"]
+    for where, dev in device_args.items():
+        parts.append(f"echo '@@krun-bench {where}'")
+        parts.append(
+            shlex.join(["llama-bench", "-m", "MODEL_PATH", *dev, *BENCH_ARGS]).replace("MODEL_PATH", '"$MODEL"')
+        )
+    return ["sh", "-c", "; ".join(parts)]
+
+
+GUEST_PLACES = {
+    "guest-gpu": ("-dev", "Vulkan0", "-ngl", "99"),
+    "guest-cpu": ("-dev", "none", "-ngl", "0"),
+}
+
+
+def host_native_bench(model: Path, timeout: float = 600) -> str | None:
+    """llama-bench on the host's own Vulkan device (in the host-tools tree), or None without llama.cpp there."""
+    tools = host_tools.locate()
+    if tools is None or not tools.path("usr/bin/llama-bench").exists():
+        return None
+    program = ["llama-bench", "-m", f"{IN_CHROOT['model']}/{model.name}", "-dev", "Vulkan0", "-ngl", "99", *BENCH_ARGS]
+    env = {"GGML_VK_VISIBLE_DEVICES": "0"}
+    if tools.is_chroot:
+        argv = tools.chroot().with_binds({model.resolve().parent: IN_CHROOT["model"]}).argv(program, env)
+    else:
+        program[2] = str(model)
+        argv = program
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
+    )
+    if proc.returncode != 0:
+        raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return proc.stdout

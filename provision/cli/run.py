@@ -1,0 +1,58 @@
+"""`provision run STACK [--gpu] [--model NAME] [--timeout S] -- CMD...`: one command in a guest."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from pathlib import Path
+
+from .. import catalog
+from ..errors import InvalidValue
+from ..hosts import native_backend
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one command in a guest of STACK (exit status = the command's)")
+    p.add_argument("stack")
+    p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
+    p.add_argument("--route", help="remoting route (default: the stack's)")
+    model = p.add_mutually_exclusive_group()
+    model.add_argument(
+        "--model", help="catalog or store model name, mounted read-only in the guest; its path is $MODEL"
+    )
+    model.add_argument("--model-file", type=Path, help="a local GGUF file instead of a store model")
+    p.add_argument("--timeout", type=float, default=None, help="seconds until the guest is stopped (E021)")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.set_defaults(func=run)
+
+
+def resolve_model(name: str | None, path: Path | None) -> Path | None:
+    if path is not None:
+        if not path.is_file():
+            raise InvalidValue(f"--model-file = {str(path)!r}: no such file")
+        return path
+    if name is None:
+        return None
+    models = importlib.import_module("provision.models")
+    return Path(models.ensure(name))
+
+
+def command_of(raw: list[str]) -> list[str]:
+    cmd = raw[1:] if raw[:1] == ["--"] else raw
+    if not cmd:
+        raise InvalidValue(
+            "no command: give it after `--`, e.g. provision run llama-linux --gpu -- vulkaninfo --summary"
+        )
+    return cmd
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = catalog.load().get(args.stack)
+    catalog.check_gpu(stack, args.gpu)  # E007 before anything else is looked at
+    cmd = command_of(args.command)
+    if args.timeout is not None and args.timeout <= 0:
+        raise InvalidValue(f"--timeout = {args.timeout!r}: must be positive seconds")
+    model = resolve_model(args.model, args.model_file)
+    backend = native_backend(sys.platform)
+    return backend.run(stack, args.gpu, model, cmd, args.timeout, args.route)
