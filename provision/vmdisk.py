@@ -26,6 +26,8 @@ from .paths import cache_dir
 INIT_IN_GUEST = "usr/local/libexec/krun-gpu/init"
 MODEL_MOUNT = "/models"
 SECTOR = 512
+# The kernel probes partition tables on every disk; below a few KiB it logs read errors.
+JOB_DISK_MIN = 64 * 1024
 
 
 def init_script() -> bytes:
@@ -147,11 +149,18 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
     return root_disk(image_ref, image_id)
 
 
-def model_disk(model: Path) -> Path:
-    """A small read-only ext4 disk holding the model file (cached by path, size and mtime)."""
+def guest_model_name(model: Path, name: str | None = None) -> str:
+    """The file name the guest sees under /models (store blobs are named by hash)."""
+    if name:
+        return name if name.endswith(".gguf") else f"{name}.gguf"
+    return model.name if model.name.endswith(".gguf") else "model.gguf"
+
+
+def model_disk(model: Path, guest_name: str) -> Path:
+    """A small read-only ext4 disk holding the model as ``guest_name`` (cached by path, size, mtime)."""
     model = model.resolve()
     st = model.stat()
-    key = hashlib.sha256(f"{model}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{model}\0{st.st_size}\0{st.st_mtime_ns}\0{guest_name}".encode()).hexdigest()[:16]
     final = cache_dir("model-disks") / f"{key}.img"
     if final.is_file():
         return final
@@ -164,9 +173,9 @@ def model_disk(model: Path) -> Path:
         staging.mkdir()
         try:
             try:
-                os.link(model, staging / model.name)
+                os.link(model, staging / guest_name)
             except OSError:
-                shutil.copy2(model, staging / model.name)
+                shutil.copy2(model, staging / guest_name)
             partial = final.with_suffix(".partial")
             _mkfs(staging, partial, "models", extra_mib=16)
             partial.rename(final)
@@ -180,6 +189,7 @@ def write_job_disk(script: str, dest: Path) -> Path:
     data = script.encode()
     if b"\0" in data:
         raise ValueError("job script contains a NUL byte")
-    pad = (-len(data)) % SECTOR or 0
-    dest.write_bytes(data + b"\0" * (pad + SECTOR))
+    size = max(JOB_DISK_MIN, len(data) + SECTOR)
+    size += (-size) % SECTOR
+    dest.write_bytes(data + b"\0" * (size - len(data)))
     return dest

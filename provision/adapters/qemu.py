@@ -181,6 +181,7 @@ class VmSpec:
     hostmem_mib: int = 2048
     display: str = "none"  # "egl-headless", "sdl" or "none"
     append_extra: tuple[str, ...] = field(default_factory=tuple)
+    quiet: bool = True  # False shows the kernel's boot messages in console.log
 
 
 def kernel_cmdline(spec: VmSpec) -> str:
@@ -192,9 +193,10 @@ def kernel_cmdline(spec: VmSpec) -> str:
         "ro",
         "rootwait",
         "panic=-1",
-        "quiet",
         "init=/usr/local/libexec/krun-gpu/init",
     ]
+    if spec.quiet:
+        parts.append("quiet")
     return " ".join([*parts, *spec.append_extra])
 
 

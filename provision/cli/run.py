@@ -10,6 +10,7 @@ from pathlib import Path
 from .. import catalog
 from ..errors import InvalidValue
 from ..hosts import native_backend
+from ..hosts.linux import LinuxBackend
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     model.add_argument("--model-file", type=Path, help="a local GGUF file instead of a store model")
     p.add_argument("--timeout", type=float, default=None, help="seconds until the guest is stopped (E021)")
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.add_argument("command", nargs="*", help="the command for the guest, after --")
     p.set_defaults(func=run)
 
 
@@ -39,7 +40,7 @@ def resolve_model(name: str | None, path: Path | None) -> Path | None:
 
 
 def command_of(raw: list[str]) -> list[str]:
-    cmd = raw[1:] if raw[:1] == ["--"] else raw
+    cmd = list(raw)
     if not cmd:
         raise InvalidValue(
             "no command: give it after `--`, e.g. provision run llama-linux --gpu -- vulkaninfo --summary"
@@ -55,4 +56,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValue(f"--timeout = {args.timeout!r}: must be positive seconds")
     model = resolve_model(args.model, args.model_file)
     backend = native_backend(sys.platform)
+    if isinstance(backend, LinuxBackend):
+        # The guest sees a store model as /models/NAME.gguf (the store names blobs by hash).
+        return backend.execute(stack, args.gpu, model, cmd, args.timeout, args.route, model_name=args.model).exit_status
     return backend.run(stack, args.gpu, model, cmd, args.timeout, args.route)

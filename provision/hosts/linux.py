@@ -79,6 +79,7 @@ class LinuxBackend:
         *,
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
+        model_name: str | None = None,
     ) -> RunResult:
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
@@ -88,9 +89,10 @@ class LinuxBackend:
             raise VmFailed("no command given to run in the guest", fix="provision run STACK -- CMD ...")
         tools = host_tools.require(gpu=gpu)
         root = self.root_disk(stack)
-        model_disk = vmdisk.model_disk(model_path) if model_path else None
+        guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
+        model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
         run_dir = _new_run_dir()
-        job = job_script(stack, command, model_path.name if model_path else None, gpu)
+        job = job_script(stack, command, guest_model, gpu)
         vmdisk.write_job_disk(job, run_dir / "job.img")
         deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
         out = stdout or sys.stdout.buffer
@@ -147,6 +149,7 @@ class LinuxBackend:
             gpu=gpu,
             hostmem_mib=stack.gpu_vram_mib or 2048,
             display=display,
+            quiet=os.environ.get("PROVISION_GUEST_DEBUG") != "1",
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
@@ -284,11 +287,17 @@ def image_for(stack: Stack) -> tuple[str, str]:
 
 
 def capture_run(
-    backend: LinuxBackend, stack: Stack, gpu: bool, model: Path | None, command: Sequence[str], timeout: float
+    backend: LinuxBackend,
+    stack: Stack,
+    gpu: bool,
+    model: Path | None,
+    command: Sequence[str],
+    timeout: float,
+    model_name: str | None = None,
 ) -> tuple[RunResult, str, str]:
     """Run and also return the command's stdout and stderr as text."""
     out, err = io.BytesIO(), io.BytesIO()
-    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err)
+    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err, model_name=model_name)
     return res, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 
