@@ -20,6 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from . import images
 from .errors import ImageBuildFailed, ToolMissing
 from .paths import cache_dir
 
@@ -75,32 +76,6 @@ def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None
         raise ImageBuildFailed(f"mkfs.ext4 -d {source_dir} {dest} failed: {proc.stderr.strip()[-800:]}")
 
 
-def _export_rootfs(image_ref: str, dest: Path) -> Path:
-    """The image's file tree (the images module's export when it is there)."""
-    try:
-        from . import images
-
-        return Path(images.export_rootfs(image_ref, dest))
-    except ImportError:
-        pass
-    dest.mkdir(parents=True, exist_ok=True)
-    cid = subprocess.run(["podman", "create", image_ref, "true"], capture_output=True, text=True)
-    if cid.returncode != 0:
-        raise ImageBuildFailed(
-            f"podman create {image_ref} failed: {cid.stderr.strip()}",
-            fix=f"build it: provision image build {image_ref}",
-        )
-    try:
-        exp = subprocess.Popen(["podman", "export", cid.stdout.strip()], stdout=subprocess.PIPE)
-        tar = subprocess.run(["tar", "-x", "-C", str(dest)], stdin=exp.stdout, capture_output=True, text=True)
-        exp.wait()
-        if exp.returncode or tar.returncode:
-            raise ImageBuildFailed(f"exporting {image_ref} failed: {tar.stderr.strip()[-500:]}")
-    finally:
-        subprocess.run(["podman", "rm", "-f", cid.stdout.strip()], capture_output=True)
-    return dest
-
-
 def _boot_files(rootfs: Path) -> tuple[Path, Path]:
     kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
     initrds = sorted((rootfs / "boot").glob("initrd.img-*"))
@@ -129,7 +104,7 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
         if partial.exists():
             shutil.rmtree(partial)
         partial.mkdir(parents=True)
-        rootfs = _export_rootfs(image_ref, partial / "rootfs")
+        rootfs = images.export_rootfs(image_ref, partial / "rootfs")
         target = rootfs / INIT_IN_GUEST
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(init)

@@ -279,9 +279,14 @@ def _prune_runs() -> None:
 
 
 def image_for(stack: Stack) -> tuple[str, str]:
-    """(image ref, image id) of the stack's built image."""
+    """(image ref, image id) of the stack's image: the one already built for these pins, else a build."""
     from .. import images
+    from .. import pins as pins_mod
+    from ..adapters import podman
 
+    ref = images.default_tag(images.render_stack(stack, pins_mod.default()))
+    if podman.exists(ref):
+        return ref, str(podman.inspect(ref)["Id"])
     built = images.build(stack.name)
     return built.ref, built.image_id
 
