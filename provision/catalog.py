@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from . import layout
 from . import pins as pins_mod
 from .errors import CatalogSyntaxError, GpuNotSupported, InvalidValue, UnknownRoute, UnknownStack
 
@@ -42,6 +43,7 @@ class Build:
     cmake_flags: tuple[str, ...]
     targets: tuple[str, ...]
     packages: tuple[str, ...]
+    patches: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ _STACK_KEYS = {
     "guest_env",
     "verify",
 }
-_BUILD_KEYS = {"source", "cmake_flags", "targets", "packages"}
+_BUILD_KEYS = {"source", "cmake_flags", "targets", "packages", "patches"}
+_BUILD_REQUIRED = {"source", "cmake_flags", "targets", "packages"}
 
 
 def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
@@ -211,7 +214,7 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             raise v.fail(f"{key}.mesa", mesa, "the COPR Mesa exists only for the fedora base")
         build = None
         if "build" in s:
-            b = v.mapping(s["build"], f"{key}.build", _BUILD_KEYS, _BUILD_KEYS)
+            b = v.mapping(s["build"], f"{key}.build", _BUILD_KEYS, _BUILD_REQUIRED)
             source = v.token(b["source"], f"{key}.build.source")
             if source not in pins.sources:
                 raise v.fail(f"{key}.build.source", source, f"not a source in {pins.path}")
@@ -220,7 +223,20 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
                 cmake_flags=v.tokens(b["cmake_flags"], f"{key}.build.cmake_flags"),
                 targets=v.tokens(b["targets"], f"{key}.build.targets"),
                 packages=v.tokens(b["packages"], f"{key}.build.packages"),
+                patches=v.tokens(b.get("patches", []), f"{key}.build.patches"),
             )
+            for i, patch in enumerate(build.patches):
+                if not (layout.patches_dir() / patch).is_file():
+                    raise v.fail(f"{key}.build.patches[{i}]", patch, f"no such file under {layout.patches_dir()}")
+            if base == "debian":
+                pinned_build = pins.raw["debian"].get("build_packages", {})
+                for i, pkg in enumerate(build.packages):
+                    if pkg not in pinned_build:
+                        raise v.fail(
+                            f"{key}.build.packages[{i}]",
+                            pkg,
+                            f"no version pinned under debian.build_packages in {pins.path}",
+                        )
             for i, flag in enumerate(build.cmake_flags):
                 if not flag.startswith("-D"):
                     raise v.fail(f"{key}.build.cmake_flags[{i}]", flag, "cmake flags must be -DNAME=VALUE")

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import filelock
+
 from . import catalog as catalog_mod
 from . import layout, paths, render
 from . import pins as pins_mod
@@ -48,17 +50,36 @@ def ensure_base(base: str, pins: pins_mod.Pins | None = None) -> str:
     ref = base_ref(base, pins)
     if podman.exists(ref):
         return ref
-    suite = pins.debian["suite"]
-    rootfs = paths.cache_dir("rootfs") / ref.rsplit("/", 1)[1].replace(":", "-")
-    debootstrap.make_rootfs(suite, rootfs)
-    podman.import_rootfs(rootfs, ref)
-    shutil.rmtree(rootfs, ignore_errors=True)
+    name = ref.rsplit("/", 1)[1].replace(":", "-")
+    # One maker per base: a second caller waits, then finds the image.
+    with filelock.FileLock(str(paths.cache_dir("rootfs") / f"{name}.lock")):
+        if podman.exists(ref):
+            return ref
+        rootfs = paths.cache_dir("rootfs") / name
+        debootstrap.make_rootfs(pins.debian["suite"], rootfs)
+        podman.import_rootfs(rootfs, ref)
+        shutil.rmtree(rootfs, ignore_errors=True)
     return ref
 
 
 def offline_cmake_input() -> tuple[Path, str]:
     path = layout.patches_dir() / "cmake" / render.OFFLINE_CMAKE_INCLUDE
     return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def local_input_files(stack: catalog_mod.Stack) -> dict[str, Path]:
+    """Our own files a stack's build copies in: the offline CMake include and patches."""
+    files: dict[str, Path] = {}
+    if stack.needs_virtgpu_frontend:
+        files[render.OFFLINE_CMAKE_INCLUDE] = offline_cmake_input()[0]
+    if stack.build is not None:
+        for patch in stack.build.patches:
+            files[render.patch_input_name(patch)] = layout.patches_dir() / patch
+    return files
 
 
 def render_stack(
@@ -68,9 +89,7 @@ def render_stack(
     base_image: str | None = None,
     model: render.ModelInput | None = None,
 ) -> render.Rendered:
-    local: dict[str, str] = {}
-    if stack.needs_virtgpu_frontend:
-        local[render.OFFLINE_CMAKE_INCLUDE] = offline_cmake_input()[1]
+    local = {name: _sha256(path) for name, path in local_input_files(stack).items()}
     if stack.base == "debian" and base_image is None:
         base_image = base_ref("debian", pins)
     return render.render(stack, pins, base_image=base_image, local_inputs=local, model=model)
@@ -85,22 +104,6 @@ def _link_or_copy(src: Path, dest: Path) -> None:
         shutil.copyfile(src, dest)
 
 
-def _input_sources(stack: catalog_mod.Stack, model_path: Path | None) -> dict[str, Callable[[], Path]]:
-    def sdist() -> Path:
-        from . import sources  # the pinned sdist fetcher (pip download + sha256)
-
-        return sources.sdist_path()
-
-    out: dict[str, Callable[[], Path]] = {}
-    if stack.build is not None:
-        out["sdist"] = sdist
-    if stack.needs_virtgpu_frontend:
-        out[render.OFFLINE_CMAKE_INCLUDE] = lambda: offline_cmake_input()[0]
-    if model_path is not None:
-        out["model"] = lambda: model_path
-    return out
-
-
 def prepare_context(rendered: render.Rendered, stack: catalog_mod.Stack, model_path: Path | None) -> Path:
     """Write the Containerfile and link every input into a context dir keyed by content."""
     key = _short({"containerfile": rendered.containerfile, "files": rendered.files})
@@ -109,14 +112,16 @@ def prepare_context(rendered: render.Rendered, stack: catalog_mod.Stack, model_p
     if tmp.exists():
         shutil.rmtree(tmp)
     rendered.write(tmp)
-    sources = _input_sources(stack, model_path)
+    local = local_input_files(stack)
     for item in rendered.inputs:
-        if item.name.endswith(".tar.gz"):
-            src = sources["sdist"]()
-        elif item.name == render.OFFLINE_CMAKE_INCLUDE:
-            src = sources[item.name]()
+        if item.name in local:
+            src = local[item.name]
+        elif model_path is not None and item.name.endswith(".gguf"):
+            src = model_path
         else:
-            src = sources["model"]()
+            from . import sources  # the pinned sdist: pip download + sha256 check
+
+            src = sources.sdist_path()
         _link_or_copy(src, tmp / item.name)
     if context.exists():
         shutil.rmtree(context)

@@ -47,12 +47,16 @@ class SourcePin:
 
 @dataclass(frozen=True)
 class ModelPin:
+    """A catalog model: fetched from ``hf`` (hf://OWNER/REPO/FILE@REV) or, when ``synth`` names a
+    generator, written locally by ``provision model synth`` (then ``hf`` is None)."""
+
     name: str
-    hf: str
+    hf: str | None
     sha256: str
     size: int
     status: str
     provenance: str
+    synth: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,15 +171,16 @@ def parse(data: Any, path: Path) -> Pins:
             entry.get("size"),
             "must be a positive integer",
         )
-        _check(
-            str(entry.get("hf", "")).startswith("hf://"),
-            path,
-            f"{key}.hf",
-            entry.get("hf"),
-            "must be an hf://OWNER/REPO/FILE@REV reference",
-        )
+        status = entry.get("status")
+        _check(status in STATUSES, path, f"{key}.status", status, f"must be one of {', '.join(STATUSES)}")
+        synth = entry.get("synth")
+        hf = entry.get("hf")
+        if synth is None:
+            _check(str(hf).startswith("hf://"), path, f"{key}.hf", hf, "must be an hf://OWNER/REPO/FILE@REV reference")
+        else:
+            _check(hf is None, path, f"{key}.hf", hf, "a synth model has no download reference")
         models[name] = ModelPin(
-            name, entry["hf"], entry["sha256"], entry["size"], entry["status"], entry.get("provenance", "")
+            name, entry.get("hf"), entry["sha256"], entry["size"], entry["status"], entry.get("provenance", ""), synth
         )
     return Pins(path, data, sources, models)
 

@@ -30,8 +30,7 @@ COMMON_CMAKE_FLAGS = (
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     "-DLLAMA_OPENSSL=OFF",
 )
-OFFLINE_CMAKE_INCLUDE = "offline-venus-hw.cmake"
-TEMPLATES = {"fedora": "fedora-source.containerfile.j2", "debian": "debian-packages.containerfile.j2"}
+OFFLINE_CMAKE_INCLUDE = "ggml-virtgpu-offline.cmake"
 
 
 @dataclass(frozen=True)
@@ -105,6 +104,23 @@ def sha256sums(entries: list[tuple[str, str]]) -> str:
     return "".join(f"{digest}  {name}\n" for name, digest in entries)
 
 
+def merge_cmake_flags(common: tuple[str, ...], own: tuple[str, ...]) -> list[str]:
+    """Common flags first; a stack's own -DNAME=... replaces a common one of the same NAME."""
+    names = {f.split("=", 1)[0] for f in own}
+    return [f for f in common if f.split("=", 1)[0] not in names] + list(own)
+
+
+def template_for(stack: catalog.Stack) -> str:
+    if stack.base == "fedora":
+        return "fedora-source.containerfile.j2"
+    return "debian-source.containerfile.j2" if stack.build is not None else "debian-packages.containerfile.j2"
+
+
+def patch_input_name(patch: str) -> str:
+    """Patches are copied flat into the context; names are unique within patches/."""
+    return Path(patch).name
+
+
 def render(
     stack: catalog.Stack,
     pins: pins_mod.Pins,
@@ -114,7 +130,8 @@ def render(
     model: ModelInput | None = None,
     templates: Path | None = None,
 ) -> Rendered:
-    """Render one stack. ``local_inputs`` maps our own context files to their sha256."""
+    """Render one stack. ``local_inputs`` maps our own context files (CMake include,
+    patches) to their sha256; the sdist's hash comes from the pins."""
     local_inputs = dict(local_inputs or {})
     labels: dict[str, str] = {
         "org.opencontainers.image.title": f"krun-gpu-{stack.name}",
@@ -133,12 +150,12 @@ def render(
     files: dict[str, str] = {}
     inputs: list[Input] = []
 
-    if stack.base == "fedora":
-        fedora = pins.fedora
-        for k in ("image", "copr", "mesa_vulkan_drivers"):
-            _plain(fedora.get(k), f"fedora.{k}", pins.path)
-        if stack.build is None:
-            raise InvalidValue(f"stacks.{stack.name}: the fedora template builds from source and needs a build section")
+    def local(name: str) -> Input:
+        if name not in local_inputs:
+            raise InvalidValue(f"stacks.{stack.name}: {name} must be provided as a build input")
+        return Input(name, local_inputs[name])
+
+    if stack.build is not None:
         src = pins.source(stack.build.source)
         sdist = {
             "filename": _plain(src["filename"], f"sources.{src.name}.filename", pins.path),
@@ -146,31 +163,37 @@ def render(
             "vendored_tree": _plain(src["vendored_tree"], f"sources.{src.name}.vendored_tree", pins.path),
         }
         inputs.append(Input(sdist["filename"], src["sha256"]))
-        flags = list(COMMON_CMAKE_FLAGS) + list(stack.build.cmake_flags)
+        flags = merge_cmake_flags(COMMON_CMAKE_FLAGS, stack.build.cmake_flags)
         if stack.needs_virtgpu_frontend:
-            if OFFLINE_CMAKE_INCLUDE not in local_inputs:
-                raise InvalidValue(
-                    f"stacks.{stack.name}: a GGML_VIRTGPU build needs {OFFLINE_CMAKE_INCLUDE} as an input"
-                )
-            inputs.append(Input(OFFLINE_CMAKE_INCLUDE, local_inputs[OFFLINE_CMAKE_INCLUDE]))
+            inputs.append(local(OFFLINE_CMAKE_INCLUDE))
             flags.append(f"-DCMAKE_PROJECT_INCLUDE=/src/{OFFLINE_CMAKE_INCLUDE}")
             proto = pins.source("llama-cpp").get("apir_protocol")
             if proto:
                 labels["krun-gpu.apir.protocol"] = f"{proto['major']}.{proto['minor']}"
-        labels["org.opencontainers.image.base.name"] = fedora["image"]
+        patch_files = [patch_input_name(p) for p in stack.build.patches]
+        inputs.extend(local(name) for name in patch_files)
         labels[f"krun-gpu.pin.{src.name}.version"] = str(src["version"])
         labels[f"krun-gpu.pin.{src.name}.sha256"] = src["sha256"]
         labels["krun-gpu.pin.llama-cpp.rev"] = str(src["vendored_rev"])
+        if patch_files:
+            labels["krun-gpu.patches"] = ",".join(patch_files)
+        files["SHA256SUMS"] = sha256sums([(i.name, i.sha256) for i in inputs])
+        context.update(sdist=sdist, inputs=list(inputs), cmake_flags=flags, patch_files=patch_files)
+
+    if stack.base == "fedora":
+        fedora = pins.fedora
+        for k in ("image", "copr", "mesa_vulkan_drivers"):
+            _plain(fedora.get(k), f"fedora.{k}", pins.path)
+        if stack.build is None:
+            raise InvalidValue(f"stacks.{stack.name}: the fedora template builds from source and needs a build section")
+        labels["org.opencontainers.image.base.name"] = fedora["image"]
         if stack.mesa == "copr":
             labels["krun-gpu.pin.fedora.copr"] = fedora["copr"]
             labels["krun-gpu.pin.fedora.mesa-vulkan-drivers"] = fedora["mesa_vulkan_drivers"]
-        files["SHA256SUMS"] = sha256sums([(i.name, i.sha256) for i in inputs])
-        context.update(fedora=fedora, sdist=sdist, inputs=inputs, cmake_flags=flags)
+        context.update(fedora=fedora)
     else:
         if not base_image:
-            raise InvalidValue(
-                f"stacks.{stack.name}: the debian template needs a local base image (provision makes it)"
-            )
+            raise InvalidValue(f"stacks.{stack.name}: the debian template needs a local base image")
         _plain(base_image, "base_image", pins.path)
         versions = pins.debian_packages(purpose=f"stack {stack.name}")
         packages = []
@@ -178,9 +201,15 @@ def render(
             version = _plain(versions[pkg], f"debian.guest_packages.{pkg}", pins.path)
             packages.append(f"{pkg}={version}")
             labels[f"krun-gpu.pin.debian.{pkg}"] = version
+        build_packages = []
+        if stack.build is not None:
+            build_versions = pins.debian.get("build_packages", {})
+            for pkg in stack.build.packages:
+                version = _plain(build_versions.get(pkg), f"debian.build_packages.{pkg}", pins.path)
+                build_packages.append(f"{pkg}={version}")
         labels["org.opencontainers.image.base.name"] = base_image
         labels["krun-gpu.pin.debian.suite"] = pins.debian["suite"]
-        context.update(base_image=base_image, packages=packages)
+        context.update(base_image=base_image, packages=packages, build_packages=build_packages)
 
     if model is not None:
         _plain(model.filename, "model.filename", pins.path)
@@ -191,7 +220,7 @@ def render(
 
     context["env"] = sorted(stack.guest_env.items())
     context["labels"] = list(labels.items())
-    template = TEMPLATES[stack.base]
+    template = template_for(stack)
     try:
         text = environment(templates).get_template(template).render(**context)
     except jinja2.UndefinedError as exc:

@@ -110,3 +110,9 @@ def test_host_flags_follow_the_host():
         ).isolation
         == "oci"
     )
+
+
+def test_step_lines_of_single_and_multi_stage_builds_are_recognised():
+    assert podman.parse_step("STEP 3/5: RUN false") == "3/5 RUN false"
+    assert podman.parse_step("[1/2] STEP 7/7: RUN cmake -S /src") == "7/7 RUN cmake -S /src"
+    assert podman.parse_step("--> Using cache 1234") is None

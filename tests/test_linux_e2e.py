@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from provision import catalog, host_tools, slots
+from provision import catalog, host_tools, models, slots
 from provision.hosts import linux
 
 pytestmark = pytest.mark.slow
@@ -70,15 +70,9 @@ def image(tools: host_tools.HostTools) -> None:
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    try:
-        from provision import models  # type: ignore[attr-defined]
-
-        return Path(models.ensure("tiny-llama"))
-    except ImportError:  # stopgap until the model store is merged
-        from linux_tiny_model import write_tiny_llama
-
-        return write_tiny_llama(tmp_path_factory.mktemp("model") / "tiny-llama.gguf")
+def model() -> Path:
+    """The model store's synthetic tiny llama (verified GGUF)."""
+    return models.ensure("tiny-llama")
 
 
 def sections(text: str) -> dict[str, str]:
@@ -99,7 +93,7 @@ for d in Vulkan0 none; do
 done
 """
     proc = provision(
-        "run", "llama-linux", "--gpu", "--model-file", str(model), "--timeout", "1100", "--", "sh", "-c", script
+        "run", "llama-linux", "--gpu", "--model", str(model), "--timeout", "1100", "--", "sh", "-c", script
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = sections(proc.stdout)
@@ -121,7 +115,7 @@ done
 
 
 def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tmp_path: Path) -> None:
-    proc = provision("bench", "llama-linux", "--model-file", str(model), "--out", str(tmp_path), "--json")
+    proc = provision("bench", "llama-linux", "--model", str(model), "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     report = json.loads(proc.stdout)
     wheres = {(r["where"], r["test"][:2]) for r in report["results"]}
@@ -135,10 +129,10 @@ def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tm
 
 def test_guest_without_gpu_has_no_dri_reads_model_and_propagates_exit_status(image: None, model: Path) -> None:
     script = 'ls /dev/dri; echo "model=$MODEL"; test -s "$MODEL" && echo model-readable; touch "$MODEL" 2>&1; exit 7'
-    proc = provision("run", "llama-linux", "--model-file", str(model), "--timeout", "600", "--", "sh", "-c", script)
+    proc = provision("run", "llama-linux", "--model", str(model), "--timeout", "600", "--", "sh", "-c", script)
     assert proc.returncode == 7, proc.stderr[-2000:]
     assert "/dev/dri" in proc.stderr and "No such file or directory" in proc.stderr
-    assert f"model=/models/{model.name}" in proc.stdout
+    assert "model=/models/" in proc.stdout
     assert "model-readable" in proc.stdout
     assert "Read-only file system" in proc.stdout
     assert gone(qemu_pid(proc.stderr))

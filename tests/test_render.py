@@ -88,7 +88,7 @@ def test_cmake_flags_per_route():
     assert "-DGGML_VULKAN=ON" in venus and "-DBUILD_SHARED_LIBS=OFF" in venus and "-DGGML_VIRTGPU=ON" not in venus
     assert "-DGGML_VIRTGPU=ON" in apir and "-DGGML_VULKAN=ON" not in apir
     # the venus_hw.h download is neutralised wherever ggml-virtgpu is built
-    assert "-DCMAKE_PROJECT_INCLUDE=/src/offline-venus-hw.cmake" in apir
+    assert "-DCMAKE_PROJECT_INCLUDE=/src/ggml-virtgpu-offline.cmake" in apir
     assert all("-DGGML_NATIVE=OFF" in f for f in (venus, apir))
 
 

@@ -22,7 +22,8 @@ from plumbum import local
 
 from ..errors import ImageBuildFailed, ToolMissing
 
-_STEP = re.compile(r"^STEP (\d+)/(\d+): (.*)$")
+# Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
+_STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")
 _CACHE_HIT = re.compile(r"^--> Using cache [0-9a-f]+")
 
 
@@ -103,6 +104,12 @@ def build_command(context: Path, tag: str, flags: BuildFlags, containerfile: str
     return [*global_args(flags), *args, str(context)]
 
 
+def parse_step(line: str) -> str | None:
+    """'STEP 3/5: RUN x' or '[2/2] STEP 3/5: RUN x' -> '3/5 RUN x' (stage prefix dropped)."""
+    m = _STEP.match(line)
+    return f"{m.group(1)}/{m.group(2)} {m.group(3)}" if m else None
+
+
 def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], None] | None = None) -> BuildResult:
     """Run podman build, streaming its output; on failure name the step that failed."""
     podman = _podman()
@@ -117,9 +124,9 @@ def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], No
         line = raw.rstrip("\n")
         log(line)
         tail = (tail + [line])[-25:]
-        m = _STEP.match(line)
-        if m:
-            steps.append(f"{m.group(1)}/{m.group(2)} {m.group(3)}")
+        step = parse_step(line)
+        if step:
+            steps.append(step)
         elif _CACHE_HIT.match(line):
             cached += 1
     rc = proc.wait()

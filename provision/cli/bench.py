@@ -17,9 +17,7 @@ from .run import resolve_model
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native")
     p.add_argument("stack")
-    model = p.add_mutually_exclusive_group()
-    model.add_argument("--model", default="tiny-llama", help="model name (default: tiny-llama)")
-    model.add_argument("--model-file", type=Path, help="a local GGUF file instead of a store model")
+    p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
     p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default: the cache's bench/)")
     p.add_argument("--no-host", action="store_true", help="skip the host-native baseline")
@@ -30,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
-    model = resolve_model(None if args.model_file else args.model, args.model_file)
+    model = resolve_model(args.model)
     assert model is not None
     backend = linux.backend()
     res, out, err = linux.capture_run(

@@ -1,83 +1,68 @@
-"""`provision run STACK [--gpu] [--model NAME] [--timeout S] -- CMD...`: one command in a guest."""
+"""`provision run STACK [--gpu] [--route R] [--model NAME] [--timeout S] -- CMD…`.
+
+Thin dispatcher: the host backend for this platform (provision.hosts.native_backend)
+does the work; GPU/route rules are the catalog's, so E007 is the same on every host.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import sys
 from pathlib import Path
 
 from .. import catalog
-from ..errors import InvalidValue
+from ..errors import UnknownModel
 from ..hosts import native_backend
-from ..hosts.linux import LinuxBackend
-
-
-def _add_options(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:
-    sup = None if defaults else argparse.SUPPRESS
-    p.add_argument(
-        "--gpu",
-        action="store_true",
-        default=False if defaults else sup,
-        help="give the guest the host GPU (E007 on a stack without GPU)",
-    )
-    p.add_argument("--route", default=sup, help="remoting route (default: the stack's)")
-    model = p.add_mutually_exclusive_group()
-    model.add_argument(
-        "--model", default=sup, help="store model, read-only in the guest as /models/NAME.gguf (also $MODEL)"
-    )
-    model.add_argument("--model-file", type=Path, default=sup, help="a local GGUF file instead of a store model")
-    p.add_argument("--timeout", type=float, default=sup, help="seconds until the guest is stopped (E021)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run one command in a guest of STACK (exit status = the command's)")
+    p = sub.add_parser("run", help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)")
+    _options(p)
     p.add_argument("stack")
-    _add_options(p)
-    # REMAINDER keeps the guest command's own options away from argparse; options of ours
-    # that come after STACK but before `--` are parsed out of it in run().
-    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS...")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
     p.set_defaults(func=run)
 
 
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
+    p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
+    p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path, mounted read-only")
+    p.add_argument("--timeout", type=float, default=None, metavar="S")
+
+
 def split_command(args: argparse.Namespace) -> list[str]:
-    rest = list(args.command)
-    if "--" in rest:
-        i = rest.index("--")
-        ours, cmd = rest[:i], rest[i + 1 :]
-        if ours:
-            late = argparse.ArgumentParser(prog="provision run")
-            _add_options(late, defaults=False)
-            late.parse_args(ours, namespace=args)
-    else:
-        cmd = rest
-    if not cmd:
-        raise InvalidValue(
-            "no command: give it after `--`, e.g. provision run llama-linux --gpu -- vulkaninfo --summary"
-        )
+    """REMAINDER swallows options written after STACK (`run llama --gpu -- cmd`): parse them here."""
+    rest = list(args.cmd)
+    if "--" not in rest:
+        return rest
+    i = rest.index("--")
+    opts, cmd = rest[:i], rest[i + 1 :]
+    if opts:
+        late = argparse.ArgumentParser(prog="provision run STACK", add_help=False)
+        _options(late)
+        late.parse_args(opts, namespace=args)
     return cmd
 
 
-def resolve_model(name: str | None, path: Path | None) -> Path | None:
-    if path is not None:
-        if not path.is_file():
-            raise InvalidValue(f"--model-file = {str(path)!r}: no such file")
-        return path
-    if name is None:
+def resolve_model(ref: str | None) -> Path | None:
+    """A GGUF path as given, else a store name through the verified model store (provision.models.ensure)."""
+    if ref is None:
         return None
-    models = importlib.import_module("provision.models")
-    return Path(models.ensure(name))
+    p = Path(ref).expanduser()
+    if p.is_file():
+        return p.resolve()
+    try:
+        models = importlib.import_module("provision.models")
+    except ModuleNotFoundError:
+        raise UnknownModel(
+            f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"
+        ) from None
+    path: Path = models.ensure(ref)
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
     cmd = split_command(args)
     stack = catalog.load().get(args.stack)
-    catalog.check_gpu(stack, args.gpu)  # E007 before anything else is looked at
-    if args.timeout is not None and args.timeout <= 0:
-        raise InvalidValue(f"--timeout = {args.timeout!r}: must be positive seconds")
-    model = resolve_model(args.model, args.model_file)
-    backend = native_backend(sys.platform)
-    if isinstance(backend, LinuxBackend):
-        # The guest sees a store model as /models/NAME.gguf (the store names blobs by hash).
-        return backend.execute(stack, args.gpu, model, cmd, args.timeout, args.route, model_name=args.model).exit_status
-    return backend.run(stack, args.gpu, model, cmd, args.timeout, args.route)
+    catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
+    return native_backend().run(stack, args.gpu, resolve_model(args.model), cmd, args.timeout, args.route)

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""How fast is `provision model pull` next to `curl -o F URL && sha256sum F`? (goal: ratio <= 0.6)
+
+Serves a 1 GiB GGUF-headed file on loopback (sendfile, so the server costs little), then times,
+best of --runs each:
+  baseline  bash -c 'curl -s -o F URL && sha256sum F'      (download, then a second pass to hash)
+  pull      python -m provision model pull URL --sha256 H   (one pass: hash while streaming)
+and hashlib's own sha256 throughput over the same bytes from the page cache, which bounds any
+single-pass pull from below. Not a test: numbers depend on the machine and its load.
+
+    .venv/bin/python bench/model_pull.py [--size-mib 1024] [--runs 3] [--dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+MIB = 1024 * 1024
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_file(path: Path, size: int) -> str:
+    """GGUF magic + pseudo-random bytes; returns the sha256 (hashing it also warms the page cache)."""
+    block = os.urandom(4 * MIB)
+    h = hashlib.sha256()
+    with open(path, "wb") as f:
+        written = 0
+        while written < size:
+            chunk = (b"GGUF" + block[4:]) if written == 0 else block
+            chunk = chunk[: size - written]
+            f.write(chunk)
+            h.update(chunk)
+            written += len(chunk)
+    return h.hexdigest()
+
+
+def serve(path: Path) -> ThreadingHTTPServer:
+    size = path.stat().st_size
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.send_header("ETag", '"bench"')
+            self.end_headers()
+            self.wfile.flush()
+            with open(path, "rb") as f:
+                self.connection.sendfile(f)
+            self.close_connection = True
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None, *, sync: bool = True) -> float:
+    if sync:
+        os.sync()  # start each run without the previous one's dirty pages still being written back
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def hashlib_rate(path: Path) -> float:
+    buf = bytearray(8 * MIB)
+    view = memoryview(buf)
+    h = hashlib.sha256()
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            h.update(view[:n])
+    return path.stat().st_size / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dir", type=Path, default=None, help="scratch directory (needs ~3x the size free)")
+    args = ap.parse_args()
+    if not shutil.which("curl") or not shutil.which("sha256sum"):
+        print("bench needs curl and sha256sum (scripts/setup-debian installs curl)", file=sys.stderr)
+        return 2
+    size = args.size_mib * MIB
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="model-pull-bench-") as tmp:
+        work = Path(tmp)
+        source = work / "served.gguf"
+        sha = make_file(source, size)
+        httpd = serve(source)
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/bench.gguf"
+        out = work / "curl.gguf"
+        baseline: list[float] = []
+        parts: list[tuple[float, float]] = []
+        pulls: list[float] = []
+        for i in range(args.runs):
+            # the same as `curl -s -o F URL && sha256sum F`, timed in its two parts
+            fetch = timed(["curl", "-s", "-o", str(out), url])
+            check = timed(["sha256sum", str(out)], sync=False)  # the second pass reads what curl wrote
+            baseline.append(fetch + check)
+            parts.append((fetch, check))
+            out.unlink()
+            cache = work / f"cache{i}"
+            env = {**os.environ, "PROVISION_CACHE": str(cache), "PYTHONPATH": str(REPO)}
+            cmd = [sys.executable, "-m", "provision", "model", "pull", url, "--sha256", sha, "--name", "bench"]
+            pulls.append(timed(cmd, env))
+            shutil.rmtree(cache, ignore_errors=True)
+        rate = max(hashlib_rate(source) for _ in range(2))
+        httpd.shutdown()
+    base, pull = min(baseline), min(pulls)
+    limit = size / rate
+    print(f"file: {size / MIB:.0f} MiB on loopback, best of {args.runs}; cpus: {os.cpu_count()}")
+    runs = ", ".join(f"{a:.2f}+{b:.2f}" for a, b in parts)
+    print(f"curl -o F URL && sha256sum F : {base:6.2f} s  (runs, curl+sha256sum: {runs})")
+    print(f"provision model pull         : {pull:6.2f} s  (runs: {', '.join(f'{t:.2f}' for t in pulls)})")
+    print(f"hashlib sha256 alone         : {limit:6.2f} s  ({rate / MIB:.0f} MiB/s: the limit of a one-pass pull)")
+    print(f"ratio pull / (curl+sha256sum): {pull / base:.2f}  (goal <= 0.6; hashlib limit {limit / base:.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+# The `nix profile add .#krun` target: everything the host side of krun-gpu needs in one profile
+# entry. On macOS krunkit is wrapped so virglrenderer's APIR loader finds the ggml backend by
+# default (--set-default: a caller's own value still wins); no DYLD_LIBRARY_PATH, which macOS
+# strips for protected processes and which would not survive ssh anyway. `krun-env` prints the
+# same settings as shell exports for launchers that start a VMM themselves (QEMU on Linux).
+{
+  lib,
+  stdenv,
+  symlinkJoin,
+  makeWrapper,
+  writeShellScriptBin,
+  runCommand,
+  ggml-virtgpu-backend,
+  virglrenderer-apir,
+  krunkit-gpu,
+  withKrunkit ? stdenv.hostPlatform.isDarwin,
+}:
+let
+  env = ggml-virtgpu-backend.runtimeEnv;
+  names = lib.attrNames env;
+
+  krun-env = writeShellScriptBin "krun-env" ''
+    # Shell exports that point virglrenderer's APIR context at the ggml backend of this profile.
+    ${lib.concatMapStrings (n: "echo ${lib.escapeShellArg "export ${n}=${lib.escapeShellArg env.${n}}"}\n") names}
+  '';
+
+  wrapperArgs = lib.concatMapStringsSep " " (
+    n: "--set-default ${n} ${lib.escapeShellArg env.${n}}"
+  ) names;
+
+  # The bundle's own wrapper and krun-env must carry every setting, and every path must exist.
+  wrapperTest =
+    bundle:
+    runCommand "krun-wrapper-env" { } (
+      ''
+        ${krun-env}/bin/krun-env > exports
+      ''
+      + lib.concatMapStrings (n: ''
+        grep -qxF ${lib.escapeShellArg "export ${n}=${lib.escapeShellArg env.${n}}"} exports
+      '') names
+      + lib.concatMapStrings (n: ''
+        test -e ${lib.escapeShellArg env.${n}}
+      '') (lib.filter (n: n != "APIR_LLAMA_CPP_GGML_LIBRARY_REG") names)
+      + lib.optionalString withKrunkit (
+        lib.concatMapStrings (n: ''
+          grep -qF ${lib.escapeShellArg env.${n}} ${bundle}/bin/krunkit
+        '') names
+      )
+      + ''
+        touch $out
+      ''
+    );
+
+  bundle = symlinkJoin {
+    name = "krun";
+    paths = [
+      ggml-virtgpu-backend
+      virglrenderer-apir
+      krun-env
+    ]
+    ++ lib.optional withKrunkit krunkit-gpu;
+
+    nativeBuildInputs = [ makeWrapper ];
+
+    postBuild = lib.optionalString withKrunkit ''
+      wrapProgram $out/bin/krunkit ${wrapperArgs}
+    '';
+
+    passthru = {
+      inherit env krun-env;
+      krunkit = if withKrunkit then krunkit-gpu else null;
+      tests.wrapperEnv = wrapperTest bundle;
+    };
+
+    meta = {
+      description = "krun-gpu host bundle: krunkit (macOS), virglrenderer with APIR, the ggml APIR backend, krun-env";
+      mainProgram = if withKrunkit then "krunkit" else "krun-env";
+      platforms = lib.platforms.darwin ++ lib.platforms.linux;
+    };
+  };
+in
+bundle

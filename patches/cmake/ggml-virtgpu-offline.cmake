@@ -1,0 +1,29 @@
+# krun-gpu: CMAKE_PROJECT_INCLUDE for building llama.cpp's ggml-virtgpu backend without network.
+#
+# ggml/src/ggml-virtgpu/CMakeLists.txt declares ExternalProject_Add(venus_hw_header URL https://...)
+# outside its `GGML_VIRTGPU_BACKEND STREQUAL "ONLY"` guard, and that target is part of ALL: a plain
+# build tries to download venus_hw.h (retrying for about 85 s offline, then failing) even though in
+# ONLY mode nothing includes the header. CMake runs this file after every project() call, before
+# ggml's subdirectories are read.
+#
+# ExternalProject.cmake has include_guard(GLOBAL): once it is loaded here, the include() in ggml's
+# CMakeLists.txt is a no-op and cannot put the original ExternalProject_Add back over ours.
+include_guard(GLOBAL)
+include(ExternalProject)
+
+function(ExternalProject_Add target)
+  if(target STREQUAL "venus_hw_header")
+    # Keep the target name so add_dependencies(... venus_hw_header) elsewhere still resolves.
+    add_custom_target(${target})
+    # The guest frontend (virtgpu.h) includes venus_hw.h but uses none of its declarations,
+    # so an empty header in the frontend's private include dir (its binary dir) is enough;
+    # the source tree is left untouched.
+    file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/venus_hw.h"
+         "/* krun-gpu: venus_hw.h is not needed by ggml-virtgpu; empty on purpose (offline build). */\n")
+    message(STATUS "krun-gpu: ${target} is an empty target (no download during the build)")
+  else()
+    # Any other external project would also reach the network at build time: say so now.
+    message(FATAL_ERROR "krun-gpu: ExternalProject '${target}' would download during the build; "
+                        "the build must be offline (see patches/cmake/ggml-virtgpu-offline.cmake)")
+  endif()
+endfunction()

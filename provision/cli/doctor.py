@@ -1,0 +1,29 @@
+"""`provision doctor [--json]`: check this host's route; exit 0 when all pass, 1 when one fails."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .. import doctor
+from .output import dumps, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("doctor", help="check this host's GPU route (what is there, what is missing, the fix)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--krun", type=Path, default=None, help="krun bundle prefix (default: the Nix profile)")
+    p.add_argument("--machine", default=None, help="podman machine name (macOS)")
+    p.add_argument("--guest-image", default=None, help="also run the guest checks in a container of IMAGE (macOS)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    ctx = doctor.context(krun=args.krun, machine=args.machine, guest_image=args.guest_image)
+    checks = doctor.run(ctx)
+    if args.json:
+        print(dumps(doctor.report(ctx, checks)))
+    else:
+        rows = [(c.status.upper(), c.id, c.evidence, c.fix or "") for c in checks]
+        print(table(["STATUS", "CHECK", "EVIDENCE", "FIX"], rows))
+    return doctor.exit_status(checks)

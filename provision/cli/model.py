@@ -1,0 +1,170 @@
+"""`provision model …`: pull, list, verify, remove, locate and synthesize GGUF models."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .. import models
+from ..errors import ModelHashMismatch
+from .output import dumps, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("model", help="the model store: pull, list, verify, rm, path, synth")
+    msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
+
+    pull = msub.add_parser("pull", help="download a model, verify its sha256 and store it")
+    pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
+    pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
+    pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
+    pull.add_argument("--json", action="store_true", help="machine-readable output")
+    pull.set_defaults(func=run_pull)
+
+    lst = msub.add_parser("list", help="catalog models and what the store holds")
+    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    lst.set_defaults(func=run_list)
+
+    ver = msub.add_parser("verify", help="re-hash stored models against their sha256")
+    ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
+    ver.add_argument("--json", action="store_true", help="machine-readable output")
+    ver.set_defaults(func=run_verify)
+
+    rm = msub.add_parser("rm", help="remove a name (and its blob when no other name uses it)")
+    rm.add_argument("name")
+    rm.add_argument("--json", action="store_true", help="machine-readable output")
+    rm.set_defaults(func=run_rm)
+
+    path = msub.add_parser("path", help="print the stored file of a model")
+    path.add_argument("name")
+    path.add_argument("--json", action="store_true", help="machine-readable output")
+    path.set_defaults(func=run_path)
+
+    syn = msub.add_parser("synth", help="write a synthetic model (tiny-llama) and check it against its pin")
+    syn.add_argument("name", metavar="NAME", help="synthetic catalog model, e.g. " + models.SMOKE_MODEL)
+    syn.add_argument("--output", type=Path, help="write here instead of into the store")
+    syn.add_argument("--json", action="store_true", help="machine-readable output")
+    syn.set_defaults(func=run_synth)
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    store = models.Store()
+    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name))
+    report = {
+        **result.ref.as_dict(),
+        "path": str(result.path),
+        "fetched_bytes": result.fetched_bytes,
+        "reused": result.reused,
+    }
+    if args.json:
+        print(dumps(report))
+    else:
+        how = "already in the store" if result.reused else f"fetched {result.fetched_bytes} bytes"
+        print(f"{result.ref.name}: sha256 {result.ref.sha256} ({result.ref.size} bytes), {how}\n{result.path}")
+    return 0
+
+
+def _pin_note(status: str | None, synth: str | None) -> str:
+    if synth:
+        return "written locally by `provision model synth`; hash COMPUTED here"
+    if status == "READ":
+        return "hash READ from public listings; bytes never downloaded by this project"
+    if status is None:
+        return "not pinned: hash recorded at first pull"
+    return f"hash {status}"
+
+
+def run_list(args: argparse.Namespace) -> int:
+    store = models.Store()
+    rows: list[dict[str, object]] = []
+    stored = {r.name: r for r in store.refs()}
+    for name in models.catalog_names(store.pins):
+        pin = store.pins.models[name]
+        ref = stored.pop(name, None)
+        rows.append({
+            "name": name,
+            "catalog": True,
+            "default": name == models.DEFAULT_MODEL,
+            "smoke_default": name == models.SMOKE_MODEL,
+            "stored": ref is not None and store.blob_path(ref.sha256).exists(),
+            "sha256": pin.sha256,
+            "size": pin.size,
+            "source": pin.hf or f"synth:{pin.synth}",
+            "pin_status": pin.status,
+            "note": _pin_note(pin.status, pin.synth),
+        })  # fmt: skip
+    for ref in stored.values():
+        rows.append({
+            "name": ref.name,
+            "catalog": False,
+            "default": False,
+            "smoke_default": False,
+            "stored": store.blob_path(ref.sha256).exists(),
+            "sha256": ref.sha256,
+            "size": ref.size,
+            "source": ref.source,
+            "pin_status": ref.pin_status,
+            "note": _pin_note(ref.pin_status if ref.pinned else None, None),
+        })  # fmt: skip
+    if args.json:
+        print(dumps({"store": str(store.root), "models": rows}))
+        return 0
+    marks = {True: "yes", False: "-"}
+    print(table(
+        ["NAME", "STORED", "SIZE", "SHA256", "PIN", "NOTE"],
+        [(str(r["name"]) + (" (default)" if r["default"] else "") + (" (smoke)" if r["smoke_default"] else ""),
+          marks[bool(r["stored"])], r["size"], str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
+    ))  # fmt: skip
+    print(f"\nstore: {store.root}")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    store = models.Store()
+    names = [args.name] if args.name else [r.name for r in store.refs()]
+    results = [store.verify(n) for n in names]
+    if args.json:
+        print(dumps([r.as_dict() for r in results]))
+    else:
+        for r in results:
+            print(f"{'OK ' if r.ok else 'BAD'}  {r.name}: {r.detail}")
+        if not results:
+            print("the store holds no models")
+    bad = [r for r in results if not r.ok]
+    if bad:
+        print(
+            ModelHashMismatch(
+                "; ".join(f"{r.name}: {r.detail}" for r in bad), fix="provision model rm NAME, then pull it again"
+            ).render(),
+            file=sys.stderr,
+        )
+        return ModelHashMismatch.exit_status
+    return 0
+
+
+def run_rm(args: argparse.Namespace) -> int:
+    ref = models.Store().remove(args.name)
+    print(dumps({"removed": ref.as_dict()}) if args.json else f"removed {ref.name} (sha256 {ref.sha256})")
+    return 0
+
+
+def run_path(args: argparse.Namespace) -> int:
+    path = models.Store().path(args.name)
+    print(dumps({"name": args.name, "path": str(path)}) if args.json else path)
+    return 0
+
+
+def run_synth(args: argparse.Namespace) -> int:
+    store = models.Store()
+    if args.output:
+        sha256, size = store.synth_to(args.name, args.output)
+        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(args.output)}
+    else:
+        result = store.synth(args.name)
+        report = {"name": args.name, "sha256": result.ref.sha256, "size": result.ref.size, "path": str(result.path)}
+    if args.json:
+        print(dumps(report))
+    else:
+        print(f"{args.name}: sha256 {report['sha256']} ({report['size']} bytes) matches the pin\n{report['path']}")
+    return 0

@@ -1,0 +1,204 @@
+"""Doctor checks for the Linux route's host tools (QEMU + virglrenderer Venus).
+
+Tools are looked for on this host first, then in the sid chroot that
+``provision host-tools`` builds (its root in ``PROVISION_HOST_TOOLS``); tools found only
+in the chroot are run through ``chroot`` (root only). Every check says what it saw.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .diagnostics import Check
+from .doctor_darwin import DoctorContext, run_tool
+
+HOST_TOOLS_ENV = "PROVISION_HOST_TOOLS"
+QEMU = "qemu-system-x86_64"
+GPU_DEVICE = "virtio-gpu-gl-pci"
+GPU_PROPS = ("venus", "blob", "hostmem")
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
+RENDER_SERVER_DIRS = ("usr/libexec", "usr/lib/virglrenderer", "usr/local/libexec")
+FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Xvfb)"
+
+
+@dataclass(frozen=True)
+class Tool:
+    path: Path  # inside ``root`` when root is set
+    root: Path | None
+
+    def argv(self, *args: str) -> list[str]:
+        if self.root is None:
+            return [str(self.path), *args]
+        return ["chroot", str(self.root), str(self.path), *args]
+
+    def where(self) -> str:
+        return str(self.path) if self.root is None else f"{self.root}{self.path} (chroot)"
+
+
+def chroot_root(env: dict[str, str]) -> Path | None:
+    root = env.get(HOST_TOOLS_ENV)
+    return Path(root) if root and Path(root).is_dir() else None
+
+
+def find_program(name: str, env: dict[str, str]) -> Tool | None:
+    host = shutil.which(name, path=env.get("PATH"))
+    if host:
+        return Tool(Path(host), None)
+    root = chroot_root(env)
+    if root is not None:
+        for d in ("usr/bin", "usr/sbin", "bin", "usr/local/bin"):
+            if (root / d / name).is_file():
+                return Tool(Path("/") / d / name, root)
+    return None
+
+
+def find_file(name: str, dirs: tuple[str, ...], env: dict[str, str]) -> Path | None:
+    roots = [Path("/")]
+    if (root := chroot_root(env)) is not None:
+        roots.append(root)
+    for r in roots:
+        for d in dirs:
+            if (r / d / name).exists():
+                return r / d / name
+    return None
+
+
+_PROP = re.compile(r"^\s+([A-Za-z0-9_.-]+)=<")
+
+
+def parse_device_help(text: str) -> set[str]:
+    """Property names from ``qemu-system-x86_64 -device DEV,help``."""
+    return {m.group(1) for line in text.splitlines() if (m := _PROP.match(line))}
+
+
+def check_qemu(tool: Tool | None, help_out: tuple[int, str] | None) -> list[Check]:
+    if tool is None:
+        return [Check("linux.qemu", "fail", f"{QEMU} is not installed here or in ${HOST_TOOLS_ENV}", FIX_TOOLS)]
+    out = [Check("linux.qemu", "ok", tool.where())]
+    if help_out is None:
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "warn",
+                "QEMU is in a chroot and this user cannot chroot",
+                "run provision doctor as root",
+            )
+        )
+        return out
+    props = parse_device_help(help_out[1])
+    missing = [p for p in GPU_PROPS if p not in props]
+    if help_out[0] != 0 or not props:
+        last = (help_out[1].strip().splitlines() or ["no output"])[-1]
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "fail",
+                f"{GPU_DEVICE} unavailable: {last}",
+                "install QEMU's OpenGL module (Debian: qemu-system-modules-opengl) " + "or " + FIX_TOOLS,
+            )
+        )
+    elif missing:
+        out.append(
+            Check(
+                "linux.qemu.virtio-gpu-gl",
+                "fail",
+                f"{GPU_DEVICE} lacks {', '.join(missing)}: QEMU too old for Venus",
+                "QEMU >= 9.2 has venus/blob/hostmem; " + FIX_TOOLS,
+            )
+        )
+    else:
+        out.append(Check("linux.qemu.virtio-gpu-gl", "ok", f"{GPU_DEVICE} has {', '.join(GPU_PROPS)}"))
+    return out
+
+
+def check_virglrenderer(lib: Path | None, server: Path | None) -> list[Check]:
+    return [
+        Check("linux.virglrenderer", "ok", str(lib))
+        if lib
+        else Check(
+            "linux.virglrenderer",
+            "fail",
+            "libvirglrenderer.so.1 not found",
+            "apt install libvirglrenderer1, or " + FIX_TOOLS,
+        ),
+        Check("linux.virgl-render-server", "ok", str(server))
+        if server
+        else Check(
+            "linux.virgl-render-server",
+            "fail",
+            "virgl_render_server not found (Venus runs in it)",
+            "apt install virgl-server, or " + FIX_TOOLS,
+        ),
+    ]
+
+
+def check_display(render_nodes: list[str], xvfb: Tool | None) -> Check:
+    if render_nodes:
+        return Check("linux.display", "ok", f"render node {render_nodes[0]}: -display egl-headless")
+    if xvfb is not None:
+        return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb.where()}: -display sdl,gl=on on Xvfb")
+    return Check(
+        "linux.display",
+        "fail",
+        "no /dev/dri render node and no Xvfb: QEMU has no GL context for virglrenderer",
+        "apt install xvfb (with qemu-system-gui), or " + FIX_TOOLS,
+    )
+
+
+def classify_accel(kvm_exists: bool, cpuinfo: str, pvm_module: bool, dmesg: str) -> Check:
+    flags = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+    if not kvm_exists:
+        return Check(
+            "linux.accel",
+            "warn",
+            "no /dev/kvm: guests run under TCG (slow, but Venus works)",
+            "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed",
+        )
+    if "vmx" in flags or "svm" in flags:
+        hw = "vmx" if "vmx" in flags else "svm"
+        return Check("linux.accel", "ok", f"/dev/kvm with {hw}: KVM")
+    if pvm_module or "kvm-pvm" in dmesg:
+        why = "/sys/module/kvm_pvm" if pvm_module else "dmesg kvm-pvm"
+        return Check(
+            "linux.accel",
+            "warn",
+            f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, so guests run under TCG",
+            "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm",
+        )
+    return Check("linux.accel", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG", None)
+
+
+def linux_checks(ctx: DoctorContext) -> list[Check]:
+    env = ctx.env
+    qemu = find_program(QEMU, env)
+    help_out = None
+    if qemu is not None and (qemu.root is None or os.geteuid() == 0):
+        help_out = run_tool(qemu.argv("-device", f"{GPU_DEVICE},help"), timeout=60) or (127, "not runnable")
+    checks = check_qemu(qemu, help_out)
+    checks += check_virglrenderer(
+        find_file("libvirglrenderer.so.1", LIB_DIRS, env), find_file("virgl_render_server", RENDER_SERVER_DIRS, env)
+    )
+    dri = Path("/dev/dri")
+    nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
+    checks.append(check_display(nodes, find_program("Xvfb", env)))
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        cpuinfo = ""
+    dmesg = run_tool(["dmesg"], timeout=10)
+    checks.append(
+        classify_accel(
+            Path("/dev/kvm").exists(),
+            cpuinfo,
+            Path("/sys/module/kvm_pvm").exists(),
+            dmesg[1] if dmesg and dmesg[0] == 0 else "",
+        )
+    )
+    return checks

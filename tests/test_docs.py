@@ -1,0 +1,36 @@
+"""The README and entry points stay true: error table, the two commands, Taskfile tasks."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+
+from provision import errors
+
+
+def errors_table() -> str:
+    rows = [f"| {c.code} | {c.exit_status} | {c.__name__} | {c.summary} |" for c in errors.all_errors()]
+    return "\n".join(["| code | exit | name | meaning |", "|---|---|---|---|", *rows])
+
+
+def test_readme_error_table_matches_errors_py(repo):
+    text = (repo / "README.md").read_text()
+    m = re.search(r"<!-- errors-table[^>]*-->\n(.*?)\n<!-- /errors-table -->", text, re.S)
+    assert m, "README lost its errors-table markers"
+    assert m.group(1) == errors_table(), "run: python -m tests.test_docs > fix README (see __main__ below)"
+
+
+def test_readme_names_the_two_commands_and_ci_runs_the_test_one(repo):
+    readme = (repo / "README.md").read_text()
+    assert "bash scripts/main" in readme and "bash scripts/test" in readme
+    assert "bash scripts/test" in (repo / ".ci/run").read_text()
+
+
+def test_taskfile_has_the_documented_tasks(repo):
+    tasks = yaml.safe_load((repo / "Taskfile.yml").read_text())["tasks"]
+    assert {"test", "lint", "image:build", "krun:install"} <= set(tasks)
+
+
+if __name__ == "__main__":
+    print(errors_table())
