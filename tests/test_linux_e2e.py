@@ -191,3 +191,14 @@ def test_third_gpu_run_waits_for_a_slot_then_fails_cleanly(image: None, held_slo
     assert "E022" in proc.stderr
     assert "qemu pid=" not in proc.stderr
     assert waited >= 5
+
+
+def test_doctor_finds_the_host_tools_chroot(tools: host_tools.HostTools) -> None:
+    env = {k: v for k, v in os.environ.items() if k != host_tools.ENV_VAR}
+    proc = subprocess.run(
+        [sys.executable, "-m", "provision", "doctor", "--json"], capture_output=True, text=True, env=env
+    )
+    by_id = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    for cid in ("linux.qemu", "linux.qemu.virtio-gpu-gl", "linux.virglrenderer", "linux.virgl-render-server"):
+        assert by_id[cid]["status"] == "ok", by_id[cid]
+    assert str(tools.root) in by_id["linux.qemu"]["evidence"]
