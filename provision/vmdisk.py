@@ -121,7 +121,23 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
         if final.exists():
             shutil.rmtree(final)
         partial.rename(final)
+    _prune_disks(keep=final)
     return root_disk(image_ref, image_id)
+
+
+KEEP_DISKS = 4
+
+
+def _prune_disks(keep: Path) -> None:
+    """Old root disks (other images, older inits) are 1-2 GB each: keep the newest few."""
+    disks = sorted(
+        (d for d in cache_dir("vm-disks").iterdir() if d.is_dir() and (d / "disk.json").is_file() and d != keep),
+        key=lambda d: d.stat().st_mtime,
+        reverse=True,
+    )
+    for old in disks[KEEP_DISKS - 1 :]:
+        with FileLock(str(old) + ".lock"):
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def guest_model_name(model: Path, name: str | None = None) -> str:
