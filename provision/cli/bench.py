@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
     model = resolve_model(args.model)
+    label = Path(args.model).name if Path(args.model).is_file() else args.model
     assert model is not None
     backend = linux.backend()
     res, out, err = linux.capture_run(
@@ -47,10 +48,10 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out or cache_dir("bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{stack.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    png = bench.plot(results, f"{stack.name} / {model.name}", out_dir / f"{stem}.png")
+    png = bench.plot(results, f"{stack.name} / {label}", out_dir / f"{stem}.png")
     data = bench.report(
         stack.name,
-        model.name,
+        label,
         results,
         gate,
         {
