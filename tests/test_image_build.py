@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from provision import catalog, errors, images
+from provision import catalog, errors, images, pins
 from provision.adapters import podman
 from provision.cli import main
 
@@ -116,3 +116,30 @@ def test_step_lines_of_single_and_multi_stage_builds_are_recognised():
     assert podman.parse_step("STEP 3/5: RUN false") == "3/5 RUN false"
     assert podman.parse_step("[1/2] STEP 7/7: RUN cmake -S /src") == "7/7 RUN cmake -S /src"
     assert podman.parse_step("--> Using cache 1234") is None
+
+
+def test_model_baked_into_the_image_is_verified_on_host_and_in_build(tmp_path, busybox_image):
+    from provision import models, render
+
+    cat = catalog.load(smoke_catalog(tmp_path, ["busybox true"]))
+    tag = "localhost/krun-gpu-test/busybox-smoke:model"
+    built = images.build("busybox-smoke", tag=tag, catalog=cat, base_image=busybox_image, model="tiny-llama")
+    blob = models.ensure("tiny-llama")
+    digest = blob.name.removeprefix("sha256-")
+    labels = podman.labels(tag)
+    assert labels["krun-gpu.model.tiny-llama.sha256"] == digest
+    assert labels["krun-gpu.model.path"] == "/opt/models/tiny-llama.gguf"
+    rootfs = images.export_rootfs(built.ref, tmp_path / "rootfs")
+    baked = rootfs / "opt" / "models" / "tiny-llama.gguf"
+    assert baked.read_bytes() == blob.read_bytes()
+    assert not (rootfs / "opt" / "models" / "SHA256SUMS.model").exists()
+
+    # The in-build check is real: a context whose model bytes differ from the hash fails there.
+    stack = cat.get("busybox-smoke")
+    wrong = render.ModelInput("tiny-llama", "tiny-llama.gguf", "0" * 64)
+    rendered = images.render_stack(stack, pins.default(), base_image=busybox_image, model=wrong)
+    context = images.prepare_context(rendered, stack, blob)
+    flags = podman.decide_flags(podman.probe_host())
+    with pytest.raises(errors.ImageBuildFailed) as exc:
+        podman.build(context, "localhost/krun-gpu-test/busybox-smoke:badmodel", flags, log=lambda _line: None)
+    assert "sha256sum -c SHA256SUMS.model" in exc.value.message
