@@ -159,6 +159,12 @@ def checks(tools: HostTools | None = None, *, probe: bool = True) -> list[Check]
 def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
     """The tools for a run, or E020 naming each missing piece and how to get it."""
     tools = tools if tools is not None else locate()
+    if tools is not None and tools.is_chroot and tools.root.is_dir() and os.geteuid() != 0:
+        raise HostToolsMissing(
+            f"the host tools are in a chroot ({tools.root}); entering it needs root (mount namespace + chroot)",
+            fix="run provision as root, or install QEMU >= 9.2 and virglrenderer >= 1.1 on the host "
+            f"and set {ENV_VAR}=/",
+        )
     found = checks(tools, probe=True)
     needed = [
         c
