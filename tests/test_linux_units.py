@@ -217,3 +217,10 @@ def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     assert check.returncode == 1
     failing = {c["id"] for c in json.loads(check.stdout)["checks"] if c["status"] == "fail"}
     assert {"host-tools.qemu", "host-tools.render-server", "host-tools.xvfb", "host-tools.virglrenderer"} <= failing
+
+
+def test_apir_stack_is_refused_by_the_venus_backend_before_any_vm(tmp_path: Path) -> None:
+    proc = _provision("run", "llama-apir-linux", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
+    assert proc.returncode == 18, proc.stderr
+    assert "E008" in proc.stderr and "apir" in proc.stderr
+    assert not (tmp_path / "runs").exists()

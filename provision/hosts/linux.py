@@ -27,7 +27,7 @@ from .. import catalog, host_tools, slots, vmdisk
 from ..adapters import qemu, xvfb
 from ..adapters.chroot import Chroot
 from ..catalog import Stack
-from ..errors import ProvisionError, RunTimeout, VmFailed
+from ..errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
 from ..paths import cache_dir
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
@@ -52,6 +52,11 @@ class LinuxBackend:
     gpu_memory_mib: int = 4096
     cpus: int = 2
     log: Callable[[str], None] = field(default=lambda s: print(f"provision: {s}", file=sys.stderr, flush=True))
+    # Routes this backend can serve with stock QEMU + virglrenderer. A route that needs more on
+    # the host (APIR: its own virglrenderer build) widens `routes` and sets the hooks below.
+    routes: tuple[str, ...] = ("venus", "cpu")
+    qemu_env: dict[str, str] = field(default_factory=dict)  # extra environment for QEMU
+    extra_binds: dict[Path, str] = field(default_factory=dict)  # host dir -> path in the tools chroot
 
     # --- HostBackend --------------------------------------------------------------------
 
@@ -83,6 +88,11 @@ class LinuxBackend:
     ) -> RunResult:
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
+        if stack.route not in self.routes:
+            raise UnknownRoute(
+                f"stack {stack.name!r} uses route {stack.route!r}; this Linux backend runs {', '.join(self.routes)}",
+                fix="the APIR route needs the APIR virglrenderer on the host (provision/apir_route.py)",
+            )
         if "linux" not in stack.hosts:
             raise VmFailed(f"stack {stack.name!r} is not made for Linux hosts (hosts: {', '.join(stack.hosts)})")
         if not command:
@@ -125,6 +135,7 @@ class LinuxBackend:
             binds = {run_dir: IN_CHROOT["run"], root.directory: IN_CHROOT["vm"]}
             if model_disk:
                 binds[model_disk.parent] = IN_CHROOT["model"]
+            binds.update(self.extra_binds)
             chroot = tools.chroot().with_binds(binds)
 
         def where(p: Path) -> str:
@@ -153,7 +164,7 @@ class LinuxBackend:
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
-        env = {"HOME": "/root", "XDG_RUNTIME_DIR": "/tmp"}
+        env = {"HOME": "/root", "XDG_RUNTIME_DIR": "/tmp", **self.qemu_env}
         x: xvfb.Xvfb | None = None
         proc: subprocess.Popen[bytes] | None = None
         started = time.monotonic()
