@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -59,14 +60,18 @@ def gone(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def tools() -> host_tools.HostTools:
-    return host_tools.make()
+def tools() -> Iterator[host_tools.HostTools]:
+    """The host-tools chroot, made while the image builds (both mostly wait on the network)."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        image_job = pool.submit(linux.backend().root_disk, catalog.load().get("llama-linux"))
+        made = host_tools.make()
+        image_job.result()
+    yield made
 
 
 @pytest.fixture(scope="module")
 def image(tools: host_tools.HostTools) -> None:
-    """Build the image and its VM disk once, so the tests below time boots, not builds."""
-    linux.backend().root_disk(catalog.load().get("llama-linux"))
+    """The image and its VM disk exist (made with the tools), so the tests below time boots, not builds."""
 
 
 @pytest.fixture(scope="module")
