@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import catalog, pins
+from . import apir, catalog, pins
 from .diagnostics import Check, failed
 from .doctor_darwin import DoctorContext, darwin_checks
 from .doctor_linux import linux_checks
@@ -25,7 +25,7 @@ Provider = Callable[[DoctorContext], list[Check]]
 CHECK_PROVIDERS: dict[str, list[Provider]] = {
     "darwin": [darwin_checks],
     "linux": [linux_checks],
-    "*": [],
+    "*": [apir.doctor_checks],
 }
 
 

@@ -37,7 +37,11 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
         "linux.virgl-render-server",
         "linux.display",
         "linux.accel",
-    } | ({"linux.qemu.virtio-gpu-gl"} if shutil.which(dl.QEMU) else set())
+    } | ({"linux.qemu.virtio-gpu-gl"} if shutil.which(dl.QEMU) else set()) | {"apir.backend", "apir.protocol"}
+    # The APIR checks run on every platform: skipped unless the hypervisor's APIR env is set.
+    if not os.environ.get("VIRGL_APIR_BACKEND_LIBRARY"):
+        assert by_id["apir.backend"]["status"] == "skip"
+    assert by_id["apir.protocol"]["status"] in ("ok", "warn")
     # Facts read independently of the doctor's code:
     assert (by_id["linux.qemu"]["status"] == "ok") == (shutil.which(dl.QEMU) is not None)
     has_lib = any(

@@ -22,8 +22,16 @@ function(ExternalProject_Add target)
          "/* krun-gpu: venus_hw.h is not needed by ggml-virtgpu; empty on purpose (offline build). */\n")
     message(STATUS "krun-gpu: ${target} is an empty target (no download during the build)")
   else()
-    # Any other external project would also reach the network at build time: say so now.
-    message(FATAL_ERROR "krun-gpu: ExternalProject '${target}' would download during the build; "
-                        "the build must be offline (see patches/cmake/ggml-virtgpu-offline.cmake)")
+    # Any other external project that fetches something would reach the network at build time:
+    # say so now. A local one (SOURCE_DIR only, e.g. ggml-vulkan's vulkan-shaders-gen, a host tool
+    # built from the same tree) is built as declared.
+    foreach(_krun_fetch_key URL GIT_REPOSITORY SVN_REPOSITORY HG_REPOSITORY CVS_REPOSITORY DOWNLOAD_COMMAND)
+      list(FIND ARGN "${_krun_fetch_key}" _krun_fetch_index)
+      if(NOT _krun_fetch_index EQUAL -1)
+        message(FATAL_ERROR "krun-gpu: ExternalProject '${target}' would download during the build; "
+                            "the build must be offline (see patches/cmake/ggml-virtgpu-offline.cmake)")
+      endif()
+    endforeach()
+    _ExternalProject_Add(${target} ${ARGN})
   endif()
 endfunction()
