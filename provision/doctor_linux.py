@@ -41,7 +41,13 @@ class Tool:
 
 def chroot_root(env: dict[str, str]) -> Path | None:
     root = env.get(HOST_TOOLS_ENV)
-    return Path(root) if root and Path(root).is_dir() else None
+    if root:
+        return Path(root) if Path(root).is_dir() else None
+    # No override: the chroot `provision host-tools` made for the current pins, if any.
+    from . import host_tools
+
+    cached = host_tools.cached_root()
+    return cached if (cached / host_tools.READY_STAMP).is_file() else None
 
 
 def find_program(name: str, env: dict[str, str]) -> Tool | None:

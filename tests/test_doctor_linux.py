@@ -23,8 +23,10 @@ def _doctor(capsys, *args: str) -> tuple[int, str]:
     return code, capsys.readouterr().out
 
 
-def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch):
+def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
     monkeypatch.delenv(dl.HOST_TOOLS_ENV, raising=False)
+    # An empty cache: no chroot from `provision host-tools`, so only this host's own tools count.
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path))
     code, out = _doctor(capsys, "--json")
     report = json.loads(out)
     by_id = {c["id"]: c for c in report["checks"]}

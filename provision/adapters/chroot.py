@@ -1,0 +1,91 @@
+"""Run programs inside a chroot (the host-tools tree) with /proc, /sys and /dev mounted.
+
+The mounts are made in a private mount namespace created for that one process
+(``unshare --mount --propagation private``), so they vanish when the process exits, even
+on SIGKILL: nothing is left mounted on the host and concurrent runs never unmount each
+other's /dev. ``unshare`` and ``chroot`` exec into the program, so the pid of the Popen
+is the pid of the program itself (QEMU, Xvfb): killing and reaping it needs no tree walk.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# What the script does, in order: mount the kernel file systems, bind the host
+# directories the program needs (kernel, disks, logs live in provision's cache, outside
+# the chroot), then exec chroot + env -i so the program sees only the environment given.
+_SETUP = r"""
+set -e
+root=$1; shift
+mount -t proc proc "$root/proc"
+mount -t sysfs sys "$root/sys"
+mount --rbind /dev "$root/dev"
+while [ "$1" != "--" ]; do
+  mkdir -p "$root$2"
+  mount --bind "$1" "$root$2"
+  shift 2
+done
+shift
+exec chroot "$root" "$@"
+"""
+
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Chroot:
+    """A directory tree to run programs in; ``binds`` maps host dirs to paths inside it."""
+
+    root: Path
+    binds: Mapping[Path, str] = field(default_factory=dict)
+
+    def with_binds(self, binds: Mapping[Path, str]) -> Chroot:
+        merged = dict(self.binds)
+        merged.update(binds)
+        return Chroot(self.root, merged)
+
+    def inside(self, host_path: Path) -> str:
+        """The path a program in the chroot uses for ``host_path`` (which must lie under a bind)."""
+        host_path = host_path.resolve()
+        for src, dst in self.binds.items():
+            try:
+                rel = host_path.relative_to(src.resolve())
+            except ValueError:
+                continue
+            return str(Path(dst) / rel)
+        raise ValueError(f"{host_path} is not visible inside {self.root} (binds: {dict(self.binds)})")
+
+    def argv(self, program: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """The host command line that runs ``program`` inside the chroot with a clean env."""
+        env_items = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        env_items.update(env or {})
+        binds: list[str] = []
+        for src, dst in self.binds.items():
+            if not dst.startswith("/") or ".." in Path(dst).parts:
+                raise ValueError(f"bind target must be an absolute path without '..': {dst!r}")
+            binds += [str(src.resolve()), dst]
+        return [
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            _SETUP,
+            "krun-chroot",
+            str(self.root.resolve()),
+            *binds,
+            "--",
+            "/usr/bin/env",
+            "-i",
+            *(f"{k}={v}" for k, v in env_items.items()),
+            *program,
+        ]
+
+
+def can_chroot() -> bool:
+    """Making mount namespaces and chroots needs root (CAP_SYS_ADMIN + CAP_SYS_CHROOT)."""
+    return os.geteuid() == 0

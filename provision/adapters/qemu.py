@@ -1,0 +1,242 @@
+"""QEMU: what it can do (probed) and the command line for one guest (built as data).
+
+The command line is a pure function of a ``VmSpec`` so tests and ``--dry-run`` can show
+it; probing runs ``qemu-system-x86_64 -device virtio-gpu-gl-pci,help`` and
+``-display help`` in the host-tools tree, because property names are the contract.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..diagnostics import Check
+from ..errors import ToolMissing
+
+if TYPE_CHECKING:
+    from ..host_tools import HostTools
+
+BINARY = "qemu-system-x86_64"
+GPU_DEVICE = "virtio-gpu-gl-pci"
+GPU_PROPERTIES = ("venus", "blob", "hostmem")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    gpu_device: bool
+    gpu_properties: frozenset[str]
+    displays: frozenset[str]
+    version: str
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "version": self.version,
+            "gpu_device": self.gpu_device,
+            "gpu_properties": sorted(self.gpu_properties),
+            "displays": sorted(self.displays),
+        }
+
+
+def parse_device_help(text: str) -> frozenset[str]:
+    """Property names from ``-device X,help`` ("  venus=<bool>  - on/off (default: false)")."""
+    return frozenset(m.group(1) for m in re.finditer(r"^\s+([a-z0-9_-]+)=<", text, re.M))
+
+
+def parse_display_help(text: str) -> frozenset[str]:
+    """Backends from ``-display help`` (a header line, then one name per line)."""
+    names = set()
+    for line in text.splitlines():
+        line = line.strip()
+        if line and re.fullmatch(r"[a-z0-9-]+", line):
+            names.add(line)
+    return frozenset(names)
+
+
+def _qemu(tools: HostTools, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = [BINARY, *args]
+    if tools.is_chroot:
+        argv = tools.chroot().argv(argv)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError as exc:
+        raise ToolMissing(f"cannot run {argv[0]}: {exc.strerror}") from None
+    except subprocess.TimeoutExpired:
+        raise ToolMissing(f"`{BINARY} {' '.join(args)}` did not answer in 60 s") from None
+
+
+def probe(tools: HostTools) -> Capabilities:
+    ver = _qemu(tools, "--version")
+    if ver.returncode != 0:
+        raise ToolMissing(f"`{BINARY} --version` failed under {tools.root}: {(ver.stderr or ver.stdout).strip()[:300]}")
+    dev = _qemu(tools, "-device", f"{GPU_DEVICE},help")
+    disp = _qemu(tools, "-display", "help")
+    first = ver.stdout.splitlines()[0] if ver.stdout else ""
+    m = re.search(r"version (\S+)", first)
+    return Capabilities(
+        gpu_device=dev.returncode == 0,
+        gpu_properties=parse_device_help(dev.stdout + dev.stderr) if dev.returncode == 0 else frozenset(),
+        displays=parse_display_help(disp.stdout),
+        version=m.group(1) if m else first,
+    )
+
+
+def capability_checks(caps: Capabilities, *, fix: str) -> list[Check]:
+    out = [Check("host-tools.qemu-version", "ok", caps.version)]
+    if not caps.gpu_device:
+        out.append(
+            Check(
+                "host-tools.qemu-gpu",
+                "fail",
+                f"QEMU {caps.version} has no {GPU_DEVICE} (package qemu-system-modules-opengl)",
+                fix=fix,
+            )
+        )
+        return out
+    missing = [p for p in GPU_PROPERTIES if p not in caps.gpu_properties]
+    if missing:
+        out.append(
+            Check(
+                "host-tools.qemu-gpu",
+                "fail",
+                f"{GPU_DEVICE} of QEMU {caps.version} lacks {', '.join(missing)} (needs QEMU >= 9.2)",
+                fix=fix,
+            )
+        )
+    else:
+        out.append(Check("host-tools.qemu-gpu", "ok", f"{GPU_DEVICE} with {', '.join(GPU_PROPERTIES)}"))
+    if {"egl-headless", "sdl"} & caps.displays:
+        out.append(Check("host-tools.qemu-display", "ok", ", ".join(sorted(caps.displays))))
+    else:
+        out.append(
+            Check(
+                "host-tools.qemu-display",
+                "fail",
+                f"no GL display backend (have {', '.join(sorted(caps.displays)) or 'none'}); "
+                "sdl comes with qemu-system-gui",
+                fix=fix,
+            )
+        )
+    return out
+
+
+# --- accelerator ---------------------------------------------------------------------------
+
+
+def pick_accelerator(cpuinfo: str, kvm_usable: bool) -> str:
+    """KVM only where a stock guest kernel really runs on it: the CPU must expose VMX/SVM.
+
+    A /dev/kvm without those flags is a paravirtual KVM (PVM), which only runs guest
+    kernels built for it: a Debian kernel dies there in the zstd decompressor.
+    """
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    if kvm_usable and flags & {"vmx", "svm"}:
+        return "kvm"
+    return "tcg"
+
+
+def host_accelerator() -> str:
+    override = os.environ.get("PROVISION_ACCEL")
+    if override in ("kvm", "tcg"):
+        return override
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    return pick_accelerator(cpuinfo, os.access("/dev/kvm", os.R_OK | os.W_OK))
+
+
+# --- the command line ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Drive:
+    path: str
+    serial: str
+    readonly: bool = True
+
+
+@dataclass(frozen=True)
+class VmSpec:
+    """Everything that decides a QEMU command line; paths are as QEMU sees them."""
+
+    kernel: str
+    initrd: str
+    root: Drive
+    drives: tuple[Drive, ...]
+    console_log: str
+    stdout_log: str
+    stderr_log: str
+    accel: str = "tcg"
+    memory_mib: int = 2048
+    cpus: int = 2
+    gpu: bool = False
+    hostmem_mib: int = 2048
+    display: str = "none"  # "egl-headless", "sdl" or "none"
+    append_extra: tuple[str, ...] = field(default_factory=tuple)
+    quiet: bool = True  # False shows the kernel's boot messages in console.log
+
+
+def kernel_cmdline(spec: VmSpec) -> str:
+    # ro: the root disk is shared by concurrent VMs and never written. panic=-1 turns a
+    # dying init into a reset, which -no-reboot turns into QEMU exiting.
+    parts = [
+        "console=ttyS0",
+        "root=/dev/vda",
+        "ro",
+        "rootwait",
+        "panic=-1",
+        "init=/usr/local/libexec/krun-gpu/init",
+    ]
+    if spec.quiet:
+        parts.append("quiet")
+    return " ".join([*parts, *spec.append_extra])
+
+
+def argv(spec: VmSpec) -> list[str]:
+    """The QEMU command line for ``spec`` (pure)."""
+    accel = ["-accel", "kvm", "-cpu", "host"] if spec.accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
+    out = [
+        BINARY,
+        *accel,
+        "-m",
+        str(spec.memory_mib),
+        "-smp",
+        str(spec.cpus),
+        "-nodefaults",
+        "-no-reboot",
+        "-no-user-config",
+    ]
+    if spec.gpu:
+        # Venus maps host memory into the guest: the RAM must be a shareable memfd.
+        out += [
+            "-object",
+            f"memory-backend-memfd,id=mem,size={spec.memory_mib}M,share=on",
+            "-machine",
+            "q35,memory-backend=mem",
+            "-device",
+            f"{GPU_DEVICE},venus=on,blob=on,hostmem={spec.hostmem_mib}M",
+        ]
+        out += ["-display", "egl-headless" if spec.display == "egl-headless" else "sdl,gl=on"]
+    else:
+        out += ["-machine", "q35", "-display", "none"]
+    # ttyS0: kernel console + init's status lines; ttyS1/ttyS2: the command's stdout/stderr.
+    for cid, path in (("con", spec.console_log), ("out", spec.stdout_log), ("err", spec.stderr_log)):
+        out += ["-chardev", f"file,id={cid},path={path}", "-serial", f"chardev:{cid}"]
+    out += ["-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernel_cmdline(spec)]
+    for i, d in enumerate((spec.root, *spec.drives)):
+        ro = ",readonly=on" if d.readonly else ""
+        out += [
+            "-drive",
+            f"file={d.path},format=raw,if=none,id=d{i}{ro}",
+            "-device",
+            f"virtio-blk-pci,drive=d{i},serial={d.serial}",
+        ]
+    return out

@@ -1,0 +1,83 @@
+"""Xvfb: an X server of our own for QEMU's SDL GL display where there is no render node.
+
+QEMU's virtio-gpu-gl needs an OpenGL display backend. ``egl-headless`` needs a DRM render
+node; without one, Mesa's llvmpipe EGL on an X11 server works. Xvfb picks a free display
+itself (``-displayfd``) so concurrent runs never race for a number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import VmFailed
+from .chroot import Chroot
+
+
+@dataclass
+class Xvfb:
+    process: subprocess.Popen[bytes]
+    display: str
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self) -> None:
+        stop_process(self.process)
+
+
+def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
+    """SIGTERM, wait, SIGKILL, reap: the pid never outlives this call."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0) -> Xvfb:
+    """Start Xvfb (in ``chroot`` when given) and return once it accepts clients."""
+    read_fd, write_fd = os.pipe()
+    program = ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-noreset"]
+    argv = chroot.argv(program) if chroot else program
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            pass_fds=(write_fd,),
+            start_new_session=True,
+        )
+    os.close(write_fd)
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        while time.monotonic() < deadline and not data.endswith(b"\n"):
+            ready, _, _ = select.select([read_fd], [], [], 0.2)
+            if ready:
+                chunk = os.read(read_fd, 64)
+                if not chunk:
+                    break
+                data += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(read_fd)
+    if not data.strip().isdigit():
+        stop_process(proc)
+        tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
+        raise VmFailed(
+            f"Xvfb did not start (log {log}): {tail}", fix="check the host tools: provision host-tools --check"
+        )
+    return Xvfb(proc, f":{int(data.strip())}")

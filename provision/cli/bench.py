@@ -1,0 +1,83 @@
+"""`provision bench STACK`: llama-bench on the guest GPU, the guest CPU and the host; gate + table + JSON + PNG."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .. import bench, catalog
+from ..errors import VmFailed
+from ..hosts import linux
+from ..paths import cache_dir
+from .output import dumps, table
+from .run import resolve_model
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native")
+    p.add_argument("stack")
+    p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
+    p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
+    p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default: the cache's bench/)")
+    p.add_argument("--no-host", action="store_true", help="skip the host-native baseline")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    stack = catalog.load().get(args.stack)
+    catalog.check_gpu(stack, True)
+    model = resolve_model(args.model)
+    label = Path(args.model).name if Path(args.model).is_file() else args.model
+    assert model is not None
+    backend = linux.backend()
+    res, out, err = linux.capture_run(
+        backend, stack, True, model, linux.guest_bench_command(linux.GUEST_PLACES), args.timeout
+    )
+    if res.exit_status != 0:
+        raise VmFailed(
+            f"llama-bench in the guest exited {res.exit_status}: {err.strip()[-800:]}", fix=f"see {res.run_dir}"
+        )
+    sections = bench.split_sections(out)
+    results = [r for where in linux.GUEST_PLACES for r in bench.parse_llama_bench(where, sections.get(where, ""))]
+    host_text = None if args.no_host else linux.host_native_bench(model)
+    if host_text is not None:
+        results += bench.parse_llama_bench("host-native", host_text)
+    gate = bench.gate(results)
+    out_dir = args.out or cache_dir("bench")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{stack.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    png = bench.plot(results, f"{stack.name} / {label}", out_dir / f"{stem}.png")
+    data = bench.report(
+        stack.name,
+        label,
+        results,
+        gate,
+        {
+            "accel": res.accel,
+            "guest_wall_s": round(res.wall_s, 1),
+            "host_native": host_text is not None,
+            "png": str(png) if png else None,
+        },
+    )
+    json_path = bench.write_report(data, out_dir / f"{stem}.json")
+    if args.json:
+        print(dumps({**data, "json": str(json_path)}))
+    else:
+        print(table(bench.HEADERS, bench.rows(results)))
+        ratio = data["remoting_ratio"]
+        print(
+            f"\ngate: pp guest GPU / guest CPU = {gate.factor:.2f}x (need >= {gate.required:g}x): "
+            f"{'holds' if gate.holds else 'FAILS'}"
+        )
+        if ratio:
+            print("remoting ratio (guest Venus / host native): " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+        else:
+            print("remoting ratio: no host-native llama.cpp baseline")
+        print(
+            f"report: {json_path}"
+            + (f"\nplot: {png}" if png else "\nplot: skipped (install the `plot` extra: matplotlib)")
+        )
+    bench.check_gate(gate)
+    return 0
