@@ -219,8 +219,16 @@ def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     assert {"host-tools.qemu", "host-tools.render-server", "host-tools.xvfb", "host-tools.virglrenderer"} <= failing
 
 
-def test_apir_stack_is_refused_by_the_venus_backend_before_any_vm(tmp_path: Path) -> None:
+def test_apir_run_without_the_apir_host_build_names_it_before_any_vm(tmp_path: Path) -> None:
     proc = _provision("run", "llama-apir-linux", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
-    assert proc.returncode == 18, proc.stderr
-    assert "E008" in proc.stderr and "apir" in proc.stderr
+    assert proc.returncode == 30, proc.stderr
+    assert "E020" in proc.stderr and "provision host-tools --apir" in proc.stderr and "--virgl-src" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(tmp_path: Path) -> None:
+    proc = _provision("host-tools", "--apir", env={"PROVISION_CACHE": str(tmp_path)})
+    assert proc.returncode == 52, proc.stderr
+    assert "E042" in proc.stderr and "c62e4b08ae6978261bb183227ef24dfdb98cab08" in proc.stderr
+    assert "--virgl-src" in proc.stderr
+    assert not list(tmp_path.glob("host-tools/*"))  # nothing was built first

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
-from .. import host_tools
+from .. import apir_host, host_tools
 from ..diagnostics import failed
+from ..errors import InvalidValue
 from .output import dumps, table
 
 
@@ -14,13 +16,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
     p.add_argument("--force", action="store_true", help="rebuild even when a cached chroot exists")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
+        "--apir",
+        action="store_true",
+        help="also build virglrenderer with APIR and the host ggml (Vulkan) in the chroot (route apir)",
+    )
+    p.add_argument(
+        "--virgl-src",
+        type=Path,
+        help="with --apir: a local clone or mirror of the pinned APIR virglrenderer tree (checked against the pin)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.virgl_src is not None and not args.apir:
+        raise InvalidValue("--virgl-src is only used with --apir")
     if not args.check:
-        host_tools.make(force=args.force)
+        if args.apir:
+            apir_host.make(args.virgl_src)  # makes the base chroot first when needed
+        else:
+            host_tools.make(force=args.force)
     checks = host_tools.checks()
+    if args.apir or apir_host.locate() is not None:
+        checks += apir_host.checks()
     if args.json:
         tools = host_tools.locate()
         print(dumps({"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]}))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import catalog, host_tools, slots, vmdisk
+from .. import catalog, host_tools, slots, vmdisk, watchdog
 from ..adapters import qemu, xvfb
 from ..adapters.chroot import Chroot
 from ..catalog import Stack
@@ -54,9 +54,19 @@ class LinuxBackend:
     log: Callable[[str], None] = field(default=lambda s: print(f"provision: {s}", file=sys.stderr, flush=True))
     # Routes this backend can serve with stock QEMU + virglrenderer. A route that needs more on
     # the host (APIR: its own virglrenderer build) widens `routes` and sets the hooks below.
-    routes: tuple[str, ...] = ("venus", "cpu")
+    routes: tuple[str, ...] = ("venus", "cpu", "apir")
     qemu_env: dict[str, str] = field(default_factory=dict)  # extra environment for QEMU
     extra_binds: dict[Path, str] = field(default_factory=dict)  # host dir -> path in the tools chroot
+    # APIR: a dead host render worker leaves the guest spinning, so watch for it (watchdog.py).
+    watch_workers: bool = False
+
+    def _use_apir(self, tools: host_tools.HostTools) -> None:
+        """APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed)."""
+        from .. import apir_host
+
+        found = apir_host.require(tools)
+        self.qemu_env.update(found.qemu_env())
+        self.watch_workers = True
 
     # --- HostBackend --------------------------------------------------------------------
 
@@ -97,7 +107,13 @@ class LinuxBackend:
             raise VmFailed(f"stack {stack.name!r} is not made for Linux hosts (hosts: {', '.join(stack.hosts)})")
         if not command:
             raise VmFailed("no command given to run in the guest", fix="provision run STACK -- CMD ...")
+        if stack.route == "apir" and gpu:
+            from .. import apir_host
+
+            apir_host.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
         tools = host_tools.require(gpu=gpu)
+        if stack.route == "apir" and gpu:
+            self._use_apir(tools)
         root = self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
         model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
@@ -186,7 +202,7 @@ class LinuxBackend:
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
-            status = _watch(proc, run_dir, deadline, out, err)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
@@ -197,18 +213,42 @@ class LinuxBackend:
             _prune_runs()
 
 
-def _watch(proc: subprocess.Popen[bytes], run_dir: Path, deadline: float, out: BinaryIO, err: BinaryIO) -> int:
+def _watch(
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    deadline: float,
+    out: BinaryIO,
+    err: BinaryIO,
+    *,
+    watch_workers: bool = False,
+) -> int:
     streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
     status: int | None = None
+    workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
+    seen_lines = 0
     while True:
-        for s in streams:
-            s.pump()
+        progressed = any([s.pump() for s in streams])
         text = console.read_bytes() if console.exists() else b""
         m = EXIT_MARKER.search(text)
         if m:
             status = int(m.group(1))
             break
+        if workers is not None:
+            # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
+            lines = (_read(run_dir / "qemu.log") + _read(run_dir / "stderr.log")).splitlines()
+            for line in lines[seen_lines:]:
+                death = watchdog.classify(line)
+                if death is not None:
+                    xvfb.stop_process(proc, grace_s=2.0)
+                    raise death.error()
+            seen_lines = len(lines)
+            if progressed:
+                workers.progress()
+            death = workers.poll(time.monotonic())
+            if death is not None:
+                xvfb.stop_process(proc, grace_s=2.0)
+                raise death.error()
         if proc.poll() is not None:
             break
         if time.monotonic() >= deadline:
@@ -241,9 +281,10 @@ class _Tail:
     def __init__(self, path: Path, sink: BinaryIO) -> None:
         self.path, self.sink, self.offset = path, sink, 0
 
-    def pump(self) -> None:
+    def pump(self) -> bool:
+        """Copy new bytes; True when there were any (the guest made progress)."""
         if not self.path.exists():
-            return
+            return False
         with self.path.open("rb") as f:
             f.seek(self.offset)
             data = f.read()
@@ -251,6 +292,14 @@ class _Tail:
             self.offset += len(data)
             self.sink.write(data)
             self.sink.flush()
+        return bool(data)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _tail(path: Path, n: int = 600) -> str:
