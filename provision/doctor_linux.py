@@ -51,21 +51,20 @@ def chroot_root(env: dict[str, str]) -> Path | None:
 
 
 def find_program(name: str, env: dict[str, str]) -> Tool | None:
-    host = shutil.which(name, path=env.get("PATH"))
-    if host:
-        return Tool(Path(host), None)
+    # Same order as host_tools.locate(), which `provision run` uses: the chroot, then the host.
     root = chroot_root(env)
     if root is not None:
         for d in ("usr/bin", "usr/sbin", "bin", "usr/local/bin"):
             if (root / d / name).is_file():
                 return Tool(Path("/") / d / name, root)
-    return None
+    host = shutil.which(name, path=env.get("PATH"))
+    return Tool(Path(host), None) if host else None
 
 
 def find_file(name: str, dirs: tuple[str, ...], env: dict[str, str]) -> Path | None:
     roots = [Path("/")]
     if (root := chroot_root(env)) is not None:
-        roots.append(root)
+        roots.insert(0, root)
     for r in roots:
         for d in dirs:
             if (r / d / name).exists():
