@@ -24,7 +24,7 @@ from . import apir_route, ggml_build, host_tools, layout, paths, sources, virgl_
 from . import pins as pins_mod
 from .adapters.chroot import Chroot
 from .diagnostics import Check
-from .errors import HostToolsMissing
+from .errors import ApirBackendRefused, HostToolsMissing
 
 STAMP = ".provision-apir.json"
 GGML_PREFIX = PurePosixPath("/opt/krun-gpu/ggml")
@@ -171,3 +171,42 @@ def make(
         )
         stamp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
     return require(tools)
+
+
+def doctor_checks(ctx: object) -> list[Check]:
+    """The Linux APIR route's checks for `provision doctor` (skipped until it is set up)."""
+    tools = host_tools.locate()
+    found = locate(tools)
+    if found is None:
+        return [
+            Check(
+                "linux.apir.route",
+                "skip",
+                "no APIR build in the host tools: the Linux APIR route is not set up",
+                fix="run `provision host-tools --apir` to use `provision run llama-apir-linux --gpu`",
+            )
+        ]
+    out = checks(tools)
+    # Stock QEMU offers no APIR capset (10): the route rides on the Venus capset, re-routed.
+    env = found.qemu_env()
+    out.append(
+        Check(
+            "linux.apir.capset",
+            "ok",
+            "QEMU offers the Venus capset only; VIRGL_ROUTE_VENUS_TO_APIR=1 routes it to APIR and the guest "
+            "does not set GGML_REMOTING_USE_APIR_CAPSET",
+        )
+    )
+    try:
+        apir_route.check_target(found.ggml)
+        out.append(
+            Check(
+                "linux.apir.device-type",
+                "ok",
+                f"{env['APIR_LLAMA_CPP_GGML_LIBRARY_PATH']} ({env['APIR_LLAMA_CPP_GGML_LIBRARY_REG']}) "
+                "gives a GPU-type remote device",
+            )
+        )
+    except ApirBackendRefused as exc:
+        out.append(Check("linux.apir.device-type", "fail", exc.message, fix=exc.fix))
+    return out

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import apir, catalog, pins
+from . import apir, apir_host, catalog, pins
 from .diagnostics import Check, failed
 from .doctor_darwin import DoctorContext, darwin_checks
 from .doctor_linux import linux_checks
@@ -24,7 +24,7 @@ Provider = Callable[[DoctorContext], list[Check]]
 # "*" providers run on every platform, after the platform's own.
 CHECK_PROVIDERS: dict[str, list[Provider]] = {
     "darwin": [darwin_checks],
-    "linux": [linux_checks],
+    "linux": [linux_checks, apir_host.doctor_checks],
     "*": [apir.doctor_checks],
 }
 
