@@ -81,15 +81,16 @@ class WorkerWatch:
     """Remembers render-server processes seen under a root pid and reports one that vanished.
 
     A worker also exits normally when the guest program that owned its context ends, so a
-    vanished worker is only a death if the guest shows no progress within ``grace_s``: the
-    runner calls ``progress()`` for every guest marker line (command finished, next started).
+    vanished worker is only a death if, within ``grace_s``, neither a new worker appears (the
+    guest's next program opened its context) nor the guest shows progress: the runner calls
+    ``progress()`` whenever the guest writes output.
     """
 
     def __init__(
         self,
         root_pid: int,
         *,
-        grace_s: float = 15.0,
+        grace_s: float = 45.0,
         names: re.Pattern[str] | None = None,
         proc: Path = Path("/proc"),
     ) -> None:
@@ -105,6 +106,9 @@ class WorkerWatch:
 
     def poll(self, now: float) -> Death | None:
         current = {p: n for p, n in descendants(self.root_pid, self.proc).items() if self.names.search(n)}
+        if self.pending is not None and any(p not in self.seen for p in current):
+            # A new worker: the guest opened its next context, so the old one simply ended.
+            self.pending = None
         for pid, name in self.seen.items():
             if pid not in current and self.pending is None:
                 evidence = f"process {pid} ({name}) under {self.root_pid} exited"

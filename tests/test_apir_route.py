@@ -3,7 +3,9 @@ fast, named failure (tested against real processes that die)."""
 
 from __future__ import annotations
 
+import re
 import subprocess
+import sys
 import time
 from pathlib import PurePosixPath
 
@@ -114,6 +116,43 @@ def test_a_worker_that_ends_with_guest_progress_is_not_a_death():
         watch.poll(1.0)
         watch.progress()  # the guest printed its next marker: the context simply ended
         assert watch.poll(5.0) is None
+    finally:
+        root.kill()
+        root.wait()
+
+
+def test_a_new_worker_after_an_exit_means_the_guest_moved_on(tmp_path):
+    # Root process (the "QEMU") starts a worker, then a second one when told to: as the render
+    # server does when the guest's next program opens its context.
+    flag = tmp_path / "next"
+    script = (
+        "import subprocess, time, pathlib, sys\n"
+        "a = subprocess.Popen(['sleep', '60'])\n"
+        f"f = pathlib.Path({str(flag)!r})\n"
+        "while not f.exists(): a.poll(); time.sleep(0.05)\n"
+        "b = subprocess.Popen(['sleep', '61'])\n"
+        "time.sleep(60)\n"
+    )
+    root = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + 5
+        while not watchdog.descendants(root.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        watch = watchdog.WorkerWatch(root.pid, grace_s=1.0, names=re.compile("sleep"))
+        watch.poll(0.0)
+        first = list(watch.seen)
+        assert first
+        subprocess.run(["kill", "-9", str(first[0])], check=True)
+        time.sleep(0.2)
+        watch.poll(0.5)
+        assert watch.pending is not None
+        flag.touch()
+        deadline = time.monotonic() + 5
+        while not watchdog.descendants(root.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)
+        assert watch.poll(0.7) is None and watch.pending is None
+        assert watch.poll(10.0) is None
     finally:
         root.kill()
         root.wait()
