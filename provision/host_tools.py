@@ -183,12 +183,19 @@ def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
 
 
 def _run(argv: list[str], log: Callable[[str], None], **kw: object) -> None:
+    """Run one step, streaming its output to ``log`` (long builds show progress)."""
     log("+ " + " ".join(argv[-12:]) if len(argv) > 12 else "+ " + " ".join(argv))
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # type: ignore[call-overload]
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-25:])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # type: ignore[call-overload]
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        line = raw.rstrip("\n")
+        log(line)
+        tail = (tail + [line])[-25:]
+    if proc.wait() != 0:
         raise HostToolsMissing(
-            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {proc.returncode}:\n{tail}",
+            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {proc.returncode}:\n"
+            + "\n".join(tail),
             fix="check network access to Debian's package mirror, then rerun `provision host-tools`",
         )
 

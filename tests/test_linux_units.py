@@ -232,3 +232,14 @@ def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(tm
     assert "E042" in proc.stderr and "c62e4b08ae6978261bb183227ef24dfdb98cab08" in proc.stderr
     assert "--virgl-src" in proc.stderr
     assert not list(tmp_path.glob("host-tools/*"))  # nothing was built first
+
+
+def test_host_tools_steps_stream_their_output_and_name_a_failure() -> None:
+    from provision import errors, host_tools
+
+    seen: list[str] = []
+    host_tools._run(["sh", "-c", "echo one; echo two"], seen.append)
+    assert seen[1:] == ["one", "two"]
+    with pytest.raises(errors.HostToolsMissing) as exc:
+        host_tools._run(["sh", "-c", "echo building; exit 3"], seen.append)
+    assert "exited 3" in exc.value.message and "building" in exc.value.message
