@@ -16,11 +16,10 @@ from .errors import ApirBackendRefused
 # ("failed to initialize the virtgpu APIR capset"), so it is never set on this route.
 APIR_CAPSET_ENV = "GGML_REMOTING_USE_APIR_CAPSET"
 
-# llama.cpp's tools hide CPU-type devices, and the remote device takes the type of the
-# host device; the guest then picks the remote CPU device as its own CPU backend and
-# crashes. So a CPU backend cannot be the APIR target.
-_CPU_REGS = {"ggml_backend_cpu_reg"}
+# The registration symbol of each ggml backend library (ggml_build and the macOS bundle read
+# them from here).
 KNOWN_REGS = {
+    "cpu": "ggml_backend_cpu_reg",
     "vulkan": "ggml_backend_vk_reg",
     "cuda": "ggml_backend_cuda_reg",
     "metal": "ggml_backend_metal_reg",
@@ -52,8 +51,11 @@ class VirglPrefix:
 
 
 def check_target(host: HostGgml) -> None:
+    # llama.cpp's tools hide CPU-type devices, and the remote device takes the type of the
+    # host device; the guest then picks the remote CPU device as its own CPU backend and
+    # crashes. So a CPU backend cannot be the APIR target.
     name = host.ggml_library.name
-    if host.reg in _CPU_REGS or name.startswith("libggml-cpu"):
+    if host.reg == KNOWN_REGS["cpu"] or name.startswith("libggml-cpu"):
         raise ApirBackendRefused(
             f"{host.ggml_library} ({host.reg}) is a CPU backend: the remote device would have type CPU, "
             "which llama.cpp's tools hide (no device listed), and the guest then uses it as its own CPU "

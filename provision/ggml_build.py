@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .apir_route import KNOWN_REGS
 from .errors import InvalidValue
 
 # Bump when the plan changes in a way the flags below do not show (a new step, a new artifact).
@@ -64,14 +65,14 @@ VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("host", "APIR host backend + CPU backend", _HOST, _HOST_TARGETS, _HOST_LIBS,
-                ("cmake", "ninja", "c++"), "libggml-cpu.so", "ggml_backend_cpu_reg", in_ci=True),
+                ("cmake", "ninja", "c++"), "libggml-cpu.so", KNOWN_REGS["cpu"], in_ci=True),
         Variant("vulkan", "APIR host backend + Vulkan backend", {**_HOST, "GGML_VULKAN": "ON"},
                 (*_HOST_TARGETS, "ggml-vulkan"), (*_HOST_LIBS, "libggml-vulkan.so"),
-                ("cmake", "ninja", "c++", "glslc"), "libggml-vulkan.so", "ggml_backend_vk_reg"),
+                ("cmake", "ninja", "c++", "glslc"), "libggml-vulkan.so", KNOWN_REGS["vulkan"]),
         Variant("cuda", "APIR host backend + CUDA backend (FlashAttention on)",
                 {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON"},
                 (*_HOST_TARGETS, "ggml-cuda"), (*_HOST_LIBS, "libggml-cuda.so"),
-                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", "ggml_backend_cuda_reg"),
+                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
         Variant("guest", "guest ggml-virtgpu frontend + llama-bench",
                 {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VULKAN": "OFF", "LLAMA_BUILD_COMMON": "ON",
                  "LLAMA_BUILD_TOOLS": "ON"},
