@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .errors import ToolMissing, UnknownModel
 from .pins import Pins
+from .synth_llama import write_llama_kquant
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,10 @@ def write_tiny_llama(path: Path, shape: LlamaShape = LlamaShape()) -> None:
     writer.close()
 
 
-GENERATORS: dict[str, Callable[[Path], None]] = {"tiny-llama": write_tiny_llama}
+GENERATORS: dict[str, Callable[[Path], None]] = {
+    "tiny-llama": write_tiny_llama,
+    "llama-kquant": write_llama_kquant,
+}
 
 
 def generator(kind: str) -> Callable[[Path], None]:

@@ -23,14 +23,17 @@ def test_image_carries_the_route_protocol_and_patch(built):
     labels = podman.labels(built.ref)
     assert labels["krun-gpu.route"] == "apir"
     assert labels["krun-gpu.apir.protocol"] == "0.2"
-    assert labels["krun-gpu.patches"] == "0001-ggml-virtgpu-ask-the-host-supports-op.patch"
+    assert labels["krun-gpu.patches"] == ",".join(
+        ["0001-ggml-virtgpu-ask-the-host-supports-op.patch",
+         "0002-ggml-virtgpu-supports-op-only-what-the-host-can-decode.patch"]
+    )
     stack = catalog.load().get("llama-apir-linux")
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env
 
 
 def test_llama_bench_lists_no_virtgpu_device_without_one(built, tmp_path):
     rootfs = images.export_rootfs(built.ref, tmp_path / "rootfs")
-    for tool in ("llama-bench", "test-backend-ops"):
+    for tool in ("llama-bench", "test-backend-ops", "llama-simple"):
         assert (rootfs / "usr/local/bin" / tool).is_file()
     assert list((rootfs / "boot").glob("vmlinuz-*")) and list((rootfs / "boot").glob("initrd.img-*"))
     proc = subprocess.run(

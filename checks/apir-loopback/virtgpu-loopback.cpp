@@ -1,0 +1,241 @@
+// krun-gpu: an in-process stand-in for the virtio-gpu transport of ggml-virtgpu.
+//
+// It replaces the frontend's virtgpu.cpp and virtgpu-shm.cpp (the DRM ioctls) and plays the
+// part of virglrenderer's APIR component (MR 1590, src/apir/apir.c): HandShake answers as
+// that host does (protocol 0.1), LoadLibrary dlopens VIRGL_APIR_BACKEND_LIBRARY and calls
+// apir_backend_initialize, Forward calls apir_backend_dispatcher on the same bytes the guest
+// would send. Shared-memory resources are plain anonymous mappings keyed by a resource id.
+//
+// So test-backend-ops sees "[virtgpu] <host device>" and every tensor, graph and op
+// parameter crosses the real APIR encoders and decoders, with no VM and no virglrenderer:
+// the host-side reproduction of a failure seen through QEMU. A host-side abort ends this
+// process, where in a VM it would end the render worker.
+
+#include "virtgpu.h"
+#include "ggml-remoting.h"
+
+#include <dlfcn.h>
+#include <sys/mman.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace {
+
+// virglrenderer MR 1590 (c62e4b08) src/apir/apir-protocol.h answers the handshake with 0.1.
+constexpr uint32_t HOST_PROTOCOL_MAJOR = 0;
+constexpr uint32_t HOST_PROTOCOL_MINOR = 1;
+constexpr uint32_t LOOPBACK_CTX_ID     = 1;
+
+struct callbacks {
+    const char * (*get_config)(uint32_t ctx_id, const char * key);
+    void * (*get_shmem_ptr)(uint32_t ctx_id, uint32_t res_id);
+};
+
+using init_fn     = uint32_t (*)(uint32_t, callbacks *);
+using dispatch_fn = uint32_t (*)(uint32_t, callbacks *, uint32_t, char *, const char *, char *, const char *, char **);
+
+std::mutex                  g_lock;
+std::map<uint32_t, void *>  g_resources;
+std::atomic<uint32_t>       g_next_res_id{ 1 };
+dispatch_fn                 g_dispatch = nullptr;
+
+// The hypervisor passes no configuration map on this route either: the backend library
+// asks for these keys and the environment answers, as VIRGL_APIR's transition path does.
+const char * loopback_get_config(uint32_t, const char * key) {
+    if (strcmp(key, "ggml.library.path") == 0) {
+        return getenv("APIR_LLAMA_CPP_GGML_LIBRARY_PATH");
+    }
+    if (strcmp(key, "ggml.library.reg") == 0) {
+        return getenv("APIR_LLAMA_CPP_GGML_LIBRARY_REG");
+    }
+    return nullptr;
+}
+
+void * loopback_get_shmem_ptr(uint32_t, uint32_t res_id) {
+    std::lock_guard<std::mutex> hold(g_lock);
+    auto it = g_resources.find(res_id);
+    return it == g_resources.end() ? nullptr : it->second;
+}
+
+callbacks g_callbacks = { loopback_get_config, loopback_get_shmem_ptr };
+
+uint32_t read_u32(const char *& cur, const char * end) {
+    uint32_t v = 0;
+    if (cur + sizeof(v) <= end) {
+        memcpy(&v, cur, sizeof(v));
+    }
+    cur += sizeof(v);
+    return v;
+}
+
+uint32_t host_load_library() {
+    const char * path = getenv("VIRGL_APIR_BACKEND_LIBRARY");
+    if (!path) {
+        return APIR_LOAD_LIBRARY_ENV_VAR_MISSING;
+    }
+    void * handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        fprintf(stderr, "apir-loopback: dlopen %s: %s\n", path, dlerror());
+        return APIR_LOAD_LIBRARY_CANNOT_OPEN;
+    }
+    auto init = (init_fn) dlsym(handle, "apir_backend_initialize");
+    g_dispatch = (dispatch_fn) dlsym(handle, "apir_backend_dispatcher");
+    if (!init || !g_dispatch) {
+        return APIR_LOAD_LIBRARY_SYMBOL_MISSING;
+    }
+    uint32_t ret = init(LOOPBACK_CTX_ID, &g_callbacks);
+    // 0 and INIT_BASE_INDEX + 0 both mean success to virglrenderer.
+    if (ret == 0 || ret == APIR_LOAD_LIBRARY_INIT_BASE_INDEX) {
+        return APIR_LOAD_LIBRARY_SUCCESS;
+    }
+    return ret < APIR_LOAD_LIBRARY_INIT_BASE_INDEX ? ret : APIR_LOAD_LIBRARY_INIT_BASE_INDEX + ret;
+}
+
+// One command, as the host handles it: the reply goes into the reply resource after its
+// 4-byte notification word, which carries the return value + 1.
+void host_handle(const char * cmd, const char * cmd_end) {
+    const char * cur      = cmd;
+    int32_t      cmd_type = (int32_t) read_u32(cur, cmd_end);
+    uint32_t     flags    = read_u32(cur, cmd_end);
+    uint32_t     reply_id = read_u32(cur, cmd_end);
+    auto *       reply    = (char *) loopback_get_shmem_ptr(LOOPBACK_CTX_ID, reply_id);
+    if (!reply) {
+        GGML_ABORT("apir-loopback: no reply resource %u", reply_id);
+    }
+    auto *       notif   = (std::atomic_uint *) reply;
+    char *       enc     = reply + sizeof(uint32_t);
+    const char * enc_end = reply + SHMEM_REPLY_SIZE;
+    uint32_t     ret     = 0;
+
+    switch (cmd_type) {
+        case APIR_COMMAND_TYPE_HANDSHAKE:
+            memcpy(enc, &HOST_PROTOCOL_MAJOR, sizeof(uint32_t));
+            memcpy(enc + sizeof(uint32_t), &HOST_PROTOCOL_MINOR, sizeof(uint32_t));
+            ret = APIR_HANDSHAKE_MAGIC;
+            break;
+        case APIR_COMMAND_TYPE_LOADLIBRARY:
+            ret = g_dispatch ? (uint32_t) APIR_LOAD_LIBRARY_ALREADY_LOADED : host_load_library();
+            break;
+        case APIR_COMMAND_TYPE_FORWARD:
+            if (!g_dispatch) {
+                ret = APIR_FORWARD_NO_DISPATCH_FCT;
+            } else {
+                char * after = enc;
+                ret = APIR_FORWARD_BASE_INDEX +
+                      g_dispatch(LOOPBACK_CTX_ID, &g_callbacks, flags, (char *) cur, cmd_end, enc, enc_end, &after);
+            }
+            break;
+        default:
+            GGML_ABORT("apir-loopback: unknown command type %d", cmd_type);
+    }
+    notif->store(ret + 1, std::memory_order_release);
+}
+
+}  // namespace
+
+int virtgpu_shmem_create(virtgpu * gpu, size_t size, virtgpu_shmem * shmem) {
+    UNUSED(gpu);
+    size = align64(size, 16384);
+    void * ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ptr == MAP_FAILED) {
+        return 1;
+    }
+    uint32_t id = g_next_res_id++;
+    {
+        std::lock_guard<std::mutex> hold(g_lock);
+        g_resources[id] = ptr;
+    }
+    shmem->res_id     = id;
+    shmem->mmap_size  = size;
+    shmem->mmap_ptr   = ptr;
+    shmem->gem_handle = id;
+    return 0;
+}
+
+void virtgpu_shmem_destroy(virtgpu * gpu, virtgpu_shmem * shmem) {
+    UNUSED(gpu);
+    {
+        std::lock_guard<std::mutex> hold(g_lock);
+        g_resources.erase(shmem->res_id);
+    }
+    munmap(shmem->mmap_ptr, shmem->mmap_size);
+}
+
+apir_encoder * remote_call_prepare(virtgpu * gpu, ApirCommandType apir_cmd_type, int32_t cmd_flags) {
+    thread_local char         buffer[4096];
+    thread_local apir_encoder enc;
+    enc = { buffer, buffer, buffer + sizeof(buffer), false };
+    int32_t  cmd_type = apir_cmd_type;
+    uint32_t reply_id = gpu->reply_shmem.res_id;
+    apir_encode_int32_t(&enc, &cmd_type);
+    apir_encode_int32_t(&enc, &cmd_flags);
+    apir_encode_uint32_t(&enc, &reply_id);
+    return &enc;
+}
+
+uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, float max_wait_ms,
+                     long long * call_duration_ns) {
+    UNUSED(max_wait_ms);
+    auto * notif = (std::atomic_uint *) gpu->reply_shmem.mmap_ptr;
+    notif->store(0);
+    host_handle(enc->start, enc->cur);
+    uint32_t value = notif->load(std::memory_order_acquire);
+    if (call_duration_ns) {
+        *call_duration_ns = 0;
+    }
+    static thread_local apir_decoder reply;
+    reply.cur   = (char *) gpu->reply_shmem.mmap_ptr + sizeof(uint32_t);
+    reply.end   = (char *) gpu->reply_shmem.mmap_ptr + gpu->reply_shmem.mmap_size;
+    reply.fatal = false;
+    *dec        = &reply;
+    return value - 1;
+}
+
+void remote_call_finish(virtgpu * gpu, apir_encoder * enc, apir_decoder * dec) {
+    UNUSED(gpu);
+    if (apir_encoder_get_fatal(enc)) {
+        GGML_LOG_ERROR(GGML_VIRTGPU "%s: failed to encode the call\n", __func__);
+    }
+    if (apir_decoder_get_fatal(dec)) {
+        GGML_LOG_ERROR(GGML_VIRTGPU "%s: failed to decode the reply\n", __func__);
+    }
+}
+
+virtgpu * create_virtgpu() {
+    virtgpu * gpu        = new virtgpu();
+    gpu->use_apir_capset = true;
+    gpu->fd              = -1;
+    util_sparse_array_init(&gpu->shmem_array, sizeof(virtgpu_shmem), 1024);
+    if (mtx_init(&gpu->data_shmem_mutex, mtx_plain) != thrd_success ||
+        virtgpu_shmem_create(gpu, SHMEM_REPLY_SIZE, &gpu->reply_shmem) ||
+        virtgpu_shmem_create(gpu, SHMEM_DATA_SIZE, &gpu->data_shmem)) {
+        GGML_ABORT(GGML_VIRTGPU "%s: loopback setup failed", __func__);
+    }
+
+    apir_encoder * enc = remote_call_prepare(gpu, APIR_COMMAND_TYPE_HANDSHAKE, 0);
+    uint32_t       guest_major = APIR_PROTOCOL_MAJOR, guest_minor = APIR_PROTOCOL_MINOR;
+    apir_encode_uint32_t(enc, &guest_major);
+    apir_encode_uint32_t(enc, &guest_minor);
+    apir_decoder * dec = nullptr;
+    if (remote_call(gpu, enc, &dec, 0, nullptr) != APIR_HANDSHAKE_MAGIC) {
+        GGML_ABORT(GGML_VIRTGPU "%s: loopback handshake failed", __func__);
+    }
+    uint32_t host_major = 0, host_minor = 0;
+    apir_decode_uint32_t(dec, &host_major);
+    apir_decode_uint32_t(dec, &host_minor);
+    GGML_LOG_INFO(GGML_VIRTGPU "loopback: guest %u.%u, host %u.%u\n", guest_major, guest_minor, host_major,
+                  host_minor);
+
+    enc          = remote_call_prepare(gpu, APIR_COMMAND_TYPE_LOADLIBRARY, 0);
+    uint32_t ret = remote_call(gpu, enc, &dec, 0, nullptr);
+    if (ret != APIR_LOAD_LIBRARY_SUCCESS) {
+        GGML_LOG_ERROR(GGML_VIRTGPU "loopback: LoadLibrary failed (code %u)\n", ret);
+        return nullptr;
+    }
+    return gpu;
+}
