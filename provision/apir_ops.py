@@ -101,29 +101,27 @@ def parse(text: str, op: str, device: str) -> OpResult:
     text = _ANSI.sub("", text)
     block = ""
     starts = list(_BACKEND.finditer(text))
-    for i, m in enumerate(starts):
-        if m.group(1).strip() == device:
+    for i, start in enumerate(starts):
+        if start.group(1).strip() == device:
             end = starts[i + 1].start() if i + 1 < len(starts) else len(text)
-            block = text[m.end() : end]
+            block = text[start.end() : end]
             break
-    passed = total = 0
-    m = _PASSED.search(block)
-    if m:
-        passed, total = int(m.group(1)), int(m.group(2))
+    summary = _PASSED.search(block)
+    passed, total = (int(summary.group(1)), int(summary.group(2))) if summary else (0, 0)
     ran = unsupported = 0
     failed: list[str] = []
     for line in block.splitlines():
-        c = _CASE.match(line)
-        if not c or c.group(1) != op:
+        case = _CASE.match(line)
+        if not case or case.group(1) != op:
             continue
-        status = c.group(3)
+        status = case.group(3).rstrip()
         if status.startswith("not supported"):
             unsupported += 1
-        elif status.rstrip().endswith("OK"):
+        elif status.endswith("OK"):
             ran += 1
         elif "FAIL" in status:
             ran += 1
-            failed.append(c.group(2))
-    finished = bool(m) and bool(re.search(r"^\s*Backend .*: (OK|FAIL)\s*$", block, re.M))
-    return OpResult(op, ran, passed, total, unsupported, tuple(failed), finished,
-                    device_tested=bool(block) and "Skipping" not in block.splitlines()[0:3].__str__())
+            failed.append(case.group(2))
+    finished = summary is not None and re.search(r"^\s*Backend .*: (OK|FAIL)\s*$", block, re.M) is not None
+    skipped = any(line.strip().startswith("Skipping") for line in block.splitlines()[:4])
+    return OpResult(op, ran, passed, total, unsupported, tuple(failed), finished, bool(block) and not skipped)

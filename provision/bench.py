@@ -1,9 +1,10 @@
 """Benchmarks: llama-bench JSON -> results, the GPU gate, a table, a JSON report, a PNG.
 
 Pure except ``write_report``/``plot``. ``where`` names the place a number came from:
-``guest-gpu`` (Vulkan0 in the guest, i.e. Venus), ``guest-cpu`` and ``host-native``
-(llama.cpp on the host's own Vulkan device). The gate compares prompt processing: the
-remoted GPU must beat the guest's CPU by ``GATE_FACTOR``, or E025.
+``guest-gpu`` (Vulkan0 in the guest, i.e. Venus), ``guest-apir`` (the ggml-virtgpu device of
+the APIR route), ``guest-cpu`` and ``host-native`` (llama.cpp on the host's own Vulkan device).
+The gate compares prompt processing: the remoted GPU (Venus, or APIR on the APIR route) must
+beat the guest's CPU by ``GATE_FACTOR``, or E025.
 """
 
 from __future__ import annotations
@@ -85,20 +86,23 @@ class Gate:
         return {**asdict(self), "holds": self.holds}
 
 
-def gate(results: list[BenchResult], required: float = GATE_FACTOR) -> Gate:
-    gpu, cpu = _pp(results, "guest-gpu"), _pp(results, "guest-cpu")
+REMOTE_PLACES = ("guest-gpu", "guest-apir")
+
+
+def gate(results: list[BenchResult], required: float = GATE_FACTOR, gpu_where: str = "guest-gpu") -> Gate:
+    gpu, cpu = _pp(results, gpu_where), _pp(results, "guest-cpu")
     if gpu is None or cpu is None:
-        raise InvalidValue("the gate needs pp results for guest-gpu and guest-cpu")
+        raise InvalidValue(f"the gate needs pp results for {gpu_where} and guest-cpu")
     return Gate(
         gpu.tokens_per_s, cpu.tokens_per_s, gpu.tokens_per_s / cpu.tokens_per_s if cpu.tokens_per_s else 0.0, required
     )
 
 
-def remoting_ratios(results: list[BenchResult]) -> dict[str, float]:
-    """Guest Venus t/s divided by host-native t/s, per test (1.0 = no remoting cost)."""
+def remoting_ratios(results: list[BenchResult], where: str = "guest-gpu") -> dict[str, float]:
+    """Remoted t/s (Venus: guest-gpu, APIR: guest-apir) over host-native t/s, per test (1.0 = no cost)."""
     out = {}
     for r in results:
-        if r.where != "guest-gpu":
+        if r.where != where:
             continue
         host = next((h for h in results if h.where == "host-native" and h.test == r.test), None)
         if host and host.tokens_per_s > 0:
@@ -123,15 +127,34 @@ def rows(results: list[BenchResult]) -> list[tuple[str, str, str, str, str]]:
 HEADERS = ("WHERE", "TEST", "T/S", "STDDEV", "DEVICE")
 
 
-def report(stack: str, model: str, results: list[BenchResult], g: Gate, meta: dict[str, Any]) -> dict[str, Any]:
-    return {
+def report(stack: str, model: str, results: list[BenchResult], g: Gate, meta: dict[str, Any],
+           gpu_where: str = "guest-gpu") -> dict[str, Any]:
+    data = {
         "stack": stack,
         "model": model,
         "results": [r.as_dict() for r in results],
         "gate": g.as_dict(),
-        "remoting_ratio": remoting_ratios(results),
+        "remoting_ratio": remoting_ratios(results, gpu_where),
         **meta,
     }
+    if gpu_where != "guest-gpu" and any(r.where == "guest-gpu" for r in results):
+        data["remoting_ratio_venus"] = remoting_ratios(results, "guest-gpu")
+    return data
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The report as a markdown table plus its ratios, for bench/results/."""
+    lines = ["| where | test | t/s | stddev | device |", "|---|---|---:|---:|---|"]
+    for r in data["results"]:
+        lines.append(f"| {r['where']} | {r['test']} | {r['tokens_per_s']:.1f} | {r['stddev']:.1f} | "
+                     f"{r['device'] or r['backend']} |")
+    g = data["gate"]
+    lines += ["", f"- gate (pp remoted GPU / guest CPU): {g['factor']:.2f}x, need >= {g['required']:g}x: "
+              f"{'holds' if g['holds'] else 'FAILS'}"]
+    for key in ("remoting_ratio", "remoting_ratio_venus"):
+        if data.get(key):
+            lines.append(f"- {key} (over host native): " + ", ".join(f"{k} {v:.2f}" for k, v in data[key].items()))
+    return "\n".join(lines) + "\n"
 
 
 def write_report(data: dict[str, Any], path: Path) -> Path:
@@ -151,7 +174,7 @@ def plot(results: list[BenchResult], title: str, path: Path) -> Path | None:
     except ImportError:
         return None
     tests = sorted({r.test for r in results}, key=lambda t: (t[:2], int(t[2:])))
-    wheres = [w for w in ("guest-gpu", "guest-cpu", "host-native") if any(r.where == w for r in results)]
+    wheres = [w for w in ("guest-apir", "guest-gpu", "guest-cpu", "host-native") if any(r.where == w for r in results)]
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(len(wheres), 1)
     for i, w in enumerate(wheres):

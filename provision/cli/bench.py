@@ -21,6 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
     p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default: the cache's bench/)")
     p.add_argument("--no-host", action="store_true", help="skip the host-native baseline")
+    p.add_argument("--venus-stack", default="llama-linux",
+                   help="APIR stacks: the Venus stack benched in the same run for comparison (default llama-linux)")
+    p.add_argument("--no-venus", action="store_true", help="APIR stacks: skip the Venus comparison")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -32,19 +35,33 @@ def run(args: argparse.Namespace) -> int:
     label = Path(args.model).name if Path(args.model).is_file() else args.model
     assert model is not None
     backend = linux.backend()
-    res, out, err = linux.capture_run(
-        backend, stack, True, model, linux.guest_bench_command(linux.GUEST_PLACES), args.timeout
-    )
-    if res.exit_status != 0:
-        raise VmFailed(
-            f"llama-bench in the guest exited {res.exit_status}: {err.strip()[-800:]}", fix=f"see {res.run_dir}"
+    apir = stack.route == "apir"
+    places = linux.APIR_GUEST_PLACES if apir else linux.GUEST_PLACES
+    runs = [(stack, places)]
+    if apir and not args.no_venus:
+        # The same model on the Venus route, in the same invocation: APIR vs Venus vs CPU vs host.
+        venus = catalog.load().get(args.venus_stack)
+        catalog.check_gpu(venus, True)
+        runs.append((venus, {"guest-gpu": linux.GUEST_PLACES["guest-gpu"]}))
+    results: list[bench.BenchResult] = []
+    res = None
+    for run_stack, run_places in runs:
+        res, out, err = linux.capture_run(
+            backend, run_stack, True, model, linux.guest_bench_command(run_places), args.timeout
         )
-    sections = bench.split_sections(out)
-    results = [r for where in linux.GUEST_PLACES for r in bench.parse_llama_bench(where, sections.get(where, ""))]
+        if res.exit_status != 0:
+            raise VmFailed(
+                f"llama-bench in the {run_stack.name} guest exited {res.exit_status}: {err.strip()[-800:]}",
+                fix=f"see {res.run_dir}",
+            )
+        sections = bench.split_sections(out)
+        results += [r for where in run_places for r in bench.parse_llama_bench(where, sections.get(where, ""))]
+    assert res is not None
     host_text = None if args.no_host else linux.host_native_bench(model)
     if host_text is not None:
         results += bench.parse_llama_bench("host-native", host_text)
-    gate = bench.gate(results)
+    gpu_where = "guest-apir" if apir else "guest-gpu"
+    gate = bench.gate(results, gpu_where=gpu_where)
     out_dir = args.out or cache_dir("bench")
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{stack.name}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -60,8 +77,12 @@ def run(args: argparse.Namespace) -> int:
             "host_native": host_text is not None,
             "png": str(png) if png else None,
         },
+        gpu_where=gpu_where,
     )
     json_path = bench.write_report(data, out_dir / f"{stem}.json")
+    md = out_dir / f"{stem}.md"
+    md.with_suffix(".md.partial").write_text(bench.markdown(data))
+    md.with_suffix(".md.partial").rename(md)
     if args.json:
         print(dumps({**data, "json": str(json_path)}))
     else:
@@ -72,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
             f"{'holds' if gate.holds else 'FAILS'}"
         )
         if ratio:
-            print("remoting ratio (guest Venus / host native): " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+            print(f"remoting ratio ({gpu_where} / host native): " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+        if data.get("remoting_ratio_venus"):
+            print("remoting ratio (guest Venus / host native): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in data["remoting_ratio_venus"].items()))
         else:
             print("remoting ratio: no host-native llama.cpp baseline")
         print(

@@ -393,6 +393,11 @@ GUEST_PLACES = {
     "guest-gpu": ("-dev", "Vulkan0", "-ngl", "99"),
     "guest-cpu": ("-dev", "none", "-ngl", "0"),
 }
+# The APIR route: the remote device is named after the host's (ggml-vulkan device 0).
+APIR_GUEST_PLACES = {
+    "guest-apir": ("-dev", "[virtgpu] Vulkan0", "-ngl", "99"),
+    "guest-cpu": ("-dev", "none", "-ngl", "0"),
+}
 
 
 def host_native_bench(model: Path, timeout: float = 600) -> str | None:
