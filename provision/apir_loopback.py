@@ -66,6 +66,8 @@ def build_script(patches: Sequence[str], lib: PurePosixPath = apir_host.GGML_PRE
         f"-I{front} -I{front}/include -I{WORK}/venus -I/usr/include/libdrm "
         + " ".join(f"{front}/{s}" for s in FRONTEND_SOURCES)
         + f" {SRC_LOOPBACK}/virtgpu-loopback.cpp -o {BIN}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}",
+        f"g++ -std=c++17 -O1 -g {inc} {SRC_LOOPBACK}/repro-supports-op-gap.cpp -o {BIN}/repro-supports-op-gap "
+        f"-L{lib} -lggml-base -Wl,-rpath,{lib}",
         f"test -x {BIN}/test-backend-ops -a {BIN}/test-backend-ops -nt {SRC_LLAMA}/tests/test-backend-ops.cpp "
         f"|| g++ -std=c++17 -O1 {inc} {WORK}/src/tests/test-backend-ops.cpp -o {BIN}/test-backend-ops "
         f"-L{lib} -lggml -lggml-base -lpthread -Wl,-rpath,{lib}",
