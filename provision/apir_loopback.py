@@ -13,6 +13,7 @@ finished, and the process's exit status says how it died.
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -21,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from . import apir_host, apir_ops, catalog, layout, paths, sources
+from . import apir_host, apir_ops, apir_route, catalog, host_tools, layout, paths, sources
 from .adapters.chroot import Chroot
+from .errors import HostToolsMissing
 
 SRC_LLAMA = "/src/llama.cpp"
 SRC_LOOPBACK = "/src/loopback"
@@ -48,11 +50,17 @@ def guest_patches() -> list[str]:
     return [PurePosixPath(p).name for p in build.patches]
 
 
-def build_script(patches: Sequence[str], lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> str:
+def build_script(patches: Sequence[str], target: str = "vulkan",
+                 lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> str:
     """Shell for the chroot: patch a copy of the frontend, build it with the loopback, and
-    build test-backend-ops against the host ggml (it needs ggml only, not libllama)."""
+    build test-backend-ops against the host ggml (it needs ggml only, not libllama). The
+    backend registry (libggml.so) is built here with just the CPU backend and the target, so
+    the CPU target needs no Vulkan build."""
     front = f"{WORK}/src/ggml/src/ggml-virtgpu"
     inc = f"-I{WORK}/src/ggml/include -I{WORK}/src/ggml/src"
+    uses = "-DGGML_USE_CPU" + (" -DGGML_USE_VULKAN" if target == "vulkan" else "")
+    links = "-lggml-cpu" + (" -lggml-vulkan" if target == "vulkan" else "")
+    rpath = f"-Wl,-rpath,{BIN}:{lib}"
     lines = [
         "set -eu",
         f"rm -rf {WORK}/src {BIN}/libggml-virtgpu.so && mkdir -p {WORK}/src {BIN} {WORK}/venus",
@@ -68,18 +76,34 @@ def build_script(patches: Sequence[str], lib: PurePosixPath = apir_host.GGML_PRE
         + f" {SRC_LOOPBACK}/virtgpu-loopback.cpp -o {BIN}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}",
         f"g++ -std=c++17 -O1 -g {inc} {SRC_LOOPBACK}/repro-supports-op-gap.cpp -o {BIN}/repro-supports-op-gap "
         f"-L{lib} -lggml-base -Wl,-rpath,{lib}",
-        f"test -x {BIN}/test-backend-ops -a {BIN}/test-backend-ops -nt {SRC_LLAMA}/tests/test-backend-ops.cpp "
-        f"|| g++ -std=c++17 -O1 {inc} {WORK}/src/tests/test-backend-ops.cpp -o {BIN}/test-backend-ops "
-        f"-L{lib} -lggml -lggml-base -lpthread -Wl,-rpath,{lib}",
+        f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
+        f"{WORK}/src/ggml/src/ggml-backend-reg.cpp {WORK}/src/ggml/src/ggml-backend-dl.cpp -o {BIN}/libggml.so -L{lib} -lggml-base {links} {rpath}",
+        f"test -x {BIN}/test-backend-ops || g++ -std=c++17 -O1 {inc} {WORK}/src/tests/test-backend-ops.cpp "
+        f"-o {BIN}/test-backend-ops -L{BIN} -L{lib} -lggml -lggml-base -lpthread {rpath}",
     ]
     return "\n".join(lines)
 
 
-def run_env(host: apir_host.ApirHost) -> dict[str, str]:
+# The host ggml the backend library loads: the route's Vulkan backend, or the CPU backend
+# (cheaper to build; the remote device then has type CPU, which test-backend-ops accepts
+# when named with -b, while llama's tools would hide it).
+TARGETS = {
+    "vulkan": ("libggml-vulkan.so", apir_route.KNOWN_REGS["vulkan"], "[virtgpu] Vulkan0"),
+    "cpu": ("libggml-cpu.so", apir_route.KNOWN_REGS["cpu"], "[virtgpu] CPU"),
+}
+
+
+def run_env(target: str, lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> dict[str, str]:
     """The hypervisor's environment for the backend library, as on the VM route."""
-    env = {k: v for k, v in host.qemu_env().items() if k.startswith(("VIRGL_APIR_BACKEND", "APIR_", "GGML_VK"))}
-    env["VK_DRIVER_FILES"] = "/usr/share/vulkan/icd.d/lvp_icd.json"
-    return env
+    library, reg, _device = TARGETS[target]
+    return {
+        "VIRGL_APIR_BACKEND_LIBRARY": str(lib / "libggml-virtgpu-backend.so"),
+        "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(lib / library),
+        "APIR_LLAMA_CPP_GGML_LIBRARY_REG": reg,
+        # lavapipe is a CPU-type Vulkan device, which ggml-vulkan hides unless listed.
+        "GGML_VK_VISIBLE_DEVICES": "0",
+        "VK_DRIVER_FILES": "/usr/share/vulkan/icd.d/lvp_icd.json",
+    }
 
 
 @dataclass(frozen=True)
@@ -97,9 +121,16 @@ class Loopback:
         return proc.returncode, proc.stdout + proc.stderr
 
 
-def make(log: Callable[[str], None] | None = None) -> Loopback:
+def make(target: str = "vulkan", log: Callable[[str], None] | None = None) -> Loopback:
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    host = apir_host.require()
+    tools = host_tools.locate()
+    lib = apir_host.GGML_PREFIX / "lib"
+    needed = [lib / "libggml-virtgpu-backend.so", lib / TARGETS[target][0]]
+    if tools is None or not tools.is_chroot or not all((tools.root / str(p).lstrip("/")).exists() for p in needed):
+        raise HostToolsMissing(
+            f"the APIR loopback needs the host ggml ({', '.join(p.name for p in needed)}) in the host-tools chroot",
+            fix="run `provision host-tools --apir` (with --virgl-src DIR where the pinned tree cannot be fetched)",
+        )
     work = paths.cache_dir("apir-loopback")
     binds = {
         sources.llama_cpp_tree(): SRC_LLAMA,
@@ -107,25 +138,42 @@ def make(log: Callable[[str], None] | None = None) -> Loopback:
         layout.patches_dir() / "llama.cpp": SRC_PATCHES,
         work: WORK,
     }
-    chroot = Chroot(host.tools.root, binds)
-    proc = subprocess.run(chroot.argv(["sh", "-c", build_script(guest_patches())]), capture_output=True, text=True,
-                          check=False)
+    chroot = Chroot(tools.root, binds)
+    proc = subprocess.run(chroot.argv(["sh", "-c", build_script(guest_patches(), target, lib)]), capture_output=True,
+                          text=True, check=False)
     if proc.returncode != 0:
-        log(proc.stdout[-3000:] + proc.stderr[-3000:])
-        raise RuntimeError("building the APIR loopback failed")
-    return Loopback(chroot, run_env(host))
+        raise HostToolsMissing(
+            "building the APIR loopback failed: " + (proc.stdout + proc.stderr)[-1500:],
+            fix="see the compiler output above; the host ggml and the pinned tree must be the same version",
+        )
+    return Loopback(chroot, run_env(target, lib))
 
 
 def run_ops(lb: Loopback, device: str, ops: Sequence[apir_ops.Op] = apir_ops.LLAMA_OPS) -> dict[str, object]:
+    """Each op in its own process: a host abort ends that op's run only, and shows in its exit."""
     results: dict[str, object] = {}
     for op in ops:
         rc, out = lb.test_backend_ops(apir_ops.tbo_argv(op, device)[1:])
         res = apir_ops.parse(out, op.name, device)
-        results[op.name] = {"exit": rc, **res.summary()}
+        results[op.name] = {"exit": rc, **res.summary(), "ok": res.ok and rc == 0}
     return results
 
 
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="test-backend-ops on the APIR device, without a VM")
+    ap.add_argument("--target", choices=sorted(TARGETS), default="vulkan")
+    ap.add_argument("--op", action="append", help="only these ops (default: the llama op list)")
+    ap.add_argument("--json", type=Path, help="write the results here too")
+    args = ap.parse_args(argv)
+    lb = make(args.target)
+    ops = [apir_ops.by_name()[o] for o in args.op] if args.op else list(apir_ops.LLAMA_OPS)
+    results = run_ops(lb, TARGETS[args.target][2], ops)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        args.json.write_text(text + "\n")
+    return 0 if all(r["ok"] for r in results.values()) else 1  # type: ignore[index]
+
+
 if __name__ == "__main__":
-    lb = make()
-    device = sys.argv[1] if len(sys.argv) > 1 else "[virtgpu] Vulkan0"
-    print(json.dumps(run_ops(lb, device), indent=2))
+    raise SystemExit(main())
