@@ -77,7 +77,8 @@ def build_script(patches: Sequence[str], target: str = "vulkan",
         f"g++ -std=c++17 -O1 -g {inc} {SRC_LOOPBACK}/repro-supports-op-gap.cpp -o {BIN}/repro-supports-op-gap "
         f"-L{lib} -lggml-base -Wl,-rpath,{lib}",
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
-        f"{WORK}/src/ggml/src/ggml-backend-reg.cpp {WORK}/src/ggml/src/ggml-backend-dl.cpp -o {BIN}/libggml.so -L{lib} -lggml-base {links} {rpath}",
+        f"{WORK}/src/ggml/src/ggml-backend-reg.cpp {WORK}/src/ggml/src/ggml-backend-dl.cpp "
+        f"-o {BIN}/libggml.so -L{lib} -lggml-base {links} {rpath}",
         f"test -x {BIN}/test-backend-ops || g++ -std=c++17 -O1 {inc} {WORK}/src/tests/test-backend-ops.cpp "
         f"-o {BIN}/test-backend-ops -L{BIN} -L{lib} -lggml -lggml-base -lpthread {rpath}",
     ]
