@@ -42,7 +42,8 @@ LLAMA_OPS: tuple[Op, ...] = (
        rf"type_a=({_W}),type_b=f32,m=16,n=(1|9),k=256,bs=\[1,1\],nr=\[1,1\]"),
     Op("ROPE", "rope_ext on Q and K (LLAMA_ROPE_TYPE_NORM)", r"type=f32,ne_a=\[128,32,2,1\],n_dims=128,mode=0,"),
     Op("SET_ROWS", "KV cache store (f32 rows into the f16 cache)", r"type_src=f32,type_dst=f16,type_idx=i64,"),
-    Op("SOFT_MAX", "attention softmax (soft_max_ext with mask and scale)", r"type=f32,ne=\[(32|64),"),
+    # 16-wide cases include sinks without a mask: a gap in the sources the guest must refuse.
+    Op("SOFT_MAX", "attention softmax (soft_max_ext with mask and scale)", r"type=f32,ne=\[(16|32|64),"),
     Op("FLASH_ATTN_EXT", "attention with flash_attn on (f16 KV cache)",
        r"hsk=(64|128),hsv=(64|128),nh=4,nr23=\[1,1\],kv=512,nb=(1|3),mask=1,sinks=0,max_bias=0\.0+,"
        r"logit_softcap=0\.0+,prec=f32,type_KV=f16,"),

@@ -71,3 +71,19 @@ def test_guest_image_builds_the_tools_the_check_runs():
     build = catalog.load().get("llama-apir-linux").build
     assert build is not None
     assert {"test-backend-ops", "llama-simple", "llama-bench"} <= set(build.targets)
+
+
+def test_loopback_build_applies_the_guest_patches_and_targets_the_chosen_host_backend():
+    from provision import apir_loopback
+
+    patches = apir_loopback.guest_patches()
+    assert patches[0].startswith("0001-") and patches[1].startswith("0002-")
+    cpu = apir_loopback.build_script(patches, "cpu")
+    assert all(f"/src/patches/{p}" in cpu for p in patches)
+    assert "-DGGML_USE_VULKAN" not in cpu and "-lggml-vulkan" not in cpu
+    assert "virtgpu-loopback.cpp" in cpu and "repro-supports-op-gap.cpp" in cpu
+    vk = apir_loopback.build_script(patches, "vulkan")
+    assert "-DGGML_USE_VULKAN" in vk and "-lggml-vulkan" in vk
+    env = apir_loopback.run_env("cpu")
+    assert env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"] == "ggml_backend_cpu_reg"
+    assert env["VIRGL_APIR_BACKEND_LIBRARY"].endswith("libggml-virtgpu-backend.so")
