@@ -31,6 +31,13 @@ SRC_LOOPBACK = "/src/loopback"
 SRC_PATCHES = "/src/patches"
 WORK = "/work"
 BIN = f"{WORK}/bin"
+BACKEND_SOURCES = (
+    "backend.cpp", "backend-dispatched.cpp", "backend-dispatched-backend.cpp", "backend-dispatched-device.cpp",
+    "backend-dispatched-buffer.cpp", "backend-dispatched-buffer-type.cpp", "apir_cs_ggml-rpc-back.cpp",
+)
+# Host-side fixes: applied to the backend library the loopback builds (the guest image does not
+# build the backend, so they are not in its stack).
+HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",)
 FRONTEND_SOURCES = (
     "ggml-backend-buffer.cpp", "ggml-backend.cpp", "ggml-backend-device.cpp", "ggml-backend-reg.cpp",
     "ggml-backend-buffer-type.cpp", "virtgpu-utils.cpp", "virtgpu-forward-device.cpp",
@@ -67,7 +74,12 @@ def build_script(patches: Sequence[str], target: str = "vulkan",
         f": > {WORK}/venus/venus_hw.h",
         f"cp -r {SRC_LLAMA}/ggml {WORK}/src/ && mkdir -p {WORK}/src/tests",
         f"cp {SRC_LLAMA}/tests/test-backend-ops.cpp {WORK}/src/tests/",
-        *(f"patch -d {WORK}/src -p1 --forward --batch -i {SRC_PATCHES}/{shlex.quote(p)}" for p in patches),
+        *(f"patch -d {WORK}/src -p1 --forward --batch -i {SRC_PATCHES}/{shlex.quote(p)}"
+          for p in [*patches, *HOST_PATCHES]),
+        # The host library, from the same patched tree (the host-tools one is unpatched).
+        f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} -I{front}/.. "
+        + " ".join(f"{front}/backend/{s}" for s in BACKEND_SOURCES)
+        + f" -o {BIN}/libggml-virtgpu-backend.so -L{lib} -lggml-base {rpath}",
         # The backend registry loads libggml-virtgpu.so from the executable's directory and
         # calls its ggml_backend_init (GGML_BACKEND_DL).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} "
@@ -100,7 +112,7 @@ def run_env(target: str, lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> 
     """The hypervisor's environment for the backend library, as on the VM route."""
     library, reg, _device = TARGETS[target]
     return {
-        "VIRGL_APIR_BACKEND_LIBRARY": str(lib / "libggml-virtgpu-backend.so"),
+        "VIRGL_APIR_BACKEND_LIBRARY": f"{BIN}/libggml-virtgpu-backend.so",
         "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(lib / library),
         "APIR_LLAMA_CPP_GGML_LIBRARY_REG": reg,
         # lavapipe is a CPU-type Vulkan device, which ggml-vulkan hides unless listed.
@@ -128,7 +140,7 @@ def make(target: str = "vulkan", log: Callable[[str], None] | None = None) -> Lo
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     tools = host_tools.locate()
     lib = apir_host.GGML_PREFIX / "lib"
-    needed = [lib / "libggml-virtgpu-backend.so", lib / TARGETS[target][0]]
+    needed = [lib / "libggml-base.so", lib / TARGETS[target][0]]
     if tools is None or not tools.is_chroot or not all((tools.root / str(p).lstrip("/")).exists() for p in needed):
         raise HostToolsMissing(
             f"the APIR loopback needs the host ggml ({', '.join(p.name for p in needed)}) in the host-tools chroot",

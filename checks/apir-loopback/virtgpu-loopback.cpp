@@ -15,7 +15,10 @@
 #include "ggml-remoting.h"
 
 #include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -63,6 +66,23 @@ void * loopback_get_shmem_ptr(uint32_t, uint32_t res_id) {
 }
 
 callbacks g_callbacks = { loopback_get_config, loopback_get_shmem_ptr };
+
+// A crash on either side ends this one process: say where, as a dead render worker's core would.
+void on_fatal_signal(int sig) {
+    void * frames[48];
+    int    n = backtrace(frames, 48);
+    dprintf(2, "apir-loopback: signal %d, backtrace:\n", sig);
+    backtrace_symbols_fd(frames, n, 2);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+struct install_handlers {
+    install_handlers() {
+        signal(SIGSEGV, on_fatal_signal);
+        signal(SIGBUS, on_fatal_signal);
+    }
+} g_install_handlers;
 
 uint32_t read_u32(const char *& cur, const char * end) {
     uint32_t v = 0;
