@@ -136,7 +136,7 @@ class Loopback:
         return proc.returncode, proc.stdout + proc.stderr
 
 
-def make(target: str = "vulkan", log: Callable[[str], None] | None = None) -> Loopback:
+def make(target: str = "vulkan", log: Callable[[str], None] | None = None, *, build: bool = True) -> Loopback:
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
     tools = host_tools.locate()
     lib = apir_host.GGML_PREFIX / "lib"
@@ -154,6 +154,8 @@ def make(target: str = "vulkan", log: Callable[[str], None] | None = None) -> Lo
         work: WORK,
     }
     chroot = Chroot(tools.root, binds)
+    if not build and (work / "bin" / "test-backend-ops").exists():
+        return Loopback(chroot, run_env(target, lib))
     proc = subprocess.run(chroot.argv(["sh", "-c", build_script(guest_patches(), target, lib)]), capture_output=True,
                           text=True, check=False)
     if proc.returncode != 0:
@@ -199,8 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--op", action="append", help="only these ops (default: the llama op list)")
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--md", type=Path, help="write a markdown report here (bench/results/)")
+    ap.add_argument("--no-build", action="store_true", help="reuse the last loopback build")
     args = ap.parse_args(argv)
-    lb = make(args.target)
+    lb = make(args.target, build=not args.no_build)
     ops = [apir_ops.by_name()[o] for o in args.op] if args.op else list(apir_ops.LLAMA_OPS)
     results = run_ops(lb, TARGETS[args.target][2], ops)
     text = json.dumps(results, indent=2)

@@ -45,9 +45,10 @@ LLAMA_OPS: tuple[Op, ...] = (
     # 16-wide cases include sinks without a mask: a gap in the sources the guest must refuse.
     Op("SOFT_MAX", "attention softmax (soft_max_ext with mask and scale)", r"type=f32,ne=\[(16|32|64),"),
     Op("FLASH_ATTN_EXT", "attention with flash_attn on (f16 KV cache)",
-       r"hsk=(64|128),hsv=(64|128),nh=4,nr23=\[1,1\],kv=512,nb=(1|3),mask=1,sinks=0,max_bias=0\.0+,"
-       r"logit_softcap=0\.0+,prec=f32,type_KV=f16,"),
-    Op("CPY", "casts between the f32 activations and f16", r"type_src=(f32|f16),type_dst=(f32|f16),ne=\[256,4,4,4\]"),
+       r"hsk=(64|128),hsv=(64|128),nh=4,nr23=\[1,1\],kv=\d+,nb=(1|3),mask=1,sinks=0,max_bias=0\.0+,"
+       r"logit_softcap=0\.0+,prec=f32,type_K=f16,type_V=f16,permute=\[0,1,2,3\]"),
+    Op("CPY", "casts between the f32 activations and f16",
+       r"type_src=(f32|f16),type_dst=(f32|f16),ne_src=\[256,4,4,4\]"),
     Op("CONT", "kqv after permute (cont_2d)", r"type=f32,"),
     Op("SWIGLU", "FFN gate: swiglu_split(gate, up)", r"type=f32,"),
     Op("SCALE", "scaling (kq_scale where not fused)", None),
