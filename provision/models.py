@@ -20,8 +20,10 @@ import errno
 import hashlib
 import http.client
 import json
+import math
 import os
 import queue
+import re
 import shutil
 import sys
 import threading
@@ -33,13 +35,14 @@ from typing import Any, TextIO
 
 import filelock
 
-from . import paths, synth
+from . import outputs, paths, synth
 from . import pins as pins_mod
 from .adapters import http as web
 from .errors import (
     BadModelName,
     DiskFull,
     DownloadFailed,
+    InvalidValue,
     ModelHashMismatch,
     NotGguf,
     UnknownModel,
@@ -59,11 +62,16 @@ QUEUE_DEPTH = 32  # chunks waiting between two pipeline stages (bounds memory to
 HASH_BLOCK = 8 << 20
 FLUSH_EVERY = 64 << 20  # fdatasync while downloading, so writeback overlaps the network and hashing
 CONNECT_TIMEOUT_S = 15.0
-READ_TIMEOUT_S = 60.0
+STALL_S = 20.0  # no byte for this long: the attempt has stalled (PROVISION_STALL_S, --stall-timeout)
+MAX_STALL_S = 3600.0
+STALL_ENV = "PROVISION_STALL_S"
 MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
+MAX_TOTAL_ATTEMPTS = 40  # attempts in all, however each ended
 BACKOFF_S = 0.5  # doubled after each such attempt, capped at BACKOFF_MAX_S
 BACKOFF_MAX_S = 8.0
 _DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+_CONTENT_RANGE = re.compile(r"^bytes (?P<start>\d{1,18})-(?P<end>\d{1,18})/(?P<total>\d{1,18}|\*)$")
 
 
 def _is_name(name: str) -> bool:
@@ -89,6 +97,24 @@ class Ref:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class DamagedRef:
+    """A file under refs/ that is no ref the store could have written (edited, truncated, foreign)."""
+
+    name: str
+    path: Path
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "damaged": self.reason}
+
+
+class _DamagedRef(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -121,10 +147,9 @@ class _WriteFailed(Exception):
 class _Retry(Exception):
     """A transient failure: try again (after a pause unless the attempt brought new bytes)."""
 
-    def __init__(self, reason: str, *, progressed: bool) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.progressed = progressed
 
 
 def _fsync_dir(path: Path) -> None:
@@ -176,16 +201,52 @@ def _strong_validator(resp: web.Response) -> str | None:
     return resp.header("Last-Modified")
 
 
-def _content_range(value: str | None) -> tuple[int, int | None] | None:
-    # "bytes START-END/TOTAL" (TOTAL may be "*")
-    if not value or not value.startswith("bytes "):
+def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
+    """(start, end, total) from "bytes START-END/TOTAL" (TOTAL may be "*"); None when malformed."""
+    m = _CONTENT_RANGE.match(value or "")
+    if not m:
         return None
+    start, end = int(m["start"]), int(m["end"])
+    total = None if m["total"] == "*" else int(m["total"])
+    if end < start or (total is not None and end >= total):
+        return None
+    return start, end, total
+
+
+def _size(path: Path) -> int:
     try:
-        span, total = value[6:].split("/", 1)
-        start = int(span.split("-", 1)[0])
-        return start, (None if total.strip() == "*" else int(total))
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _summarize(history: list[str]) -> str:
+    """Distinct reasons, most recent last, with how often each happened."""
+    counts: dict[str, int] = {}
+    for reason in history:
+        counts[reason] = counts.pop(reason, 0) + 1  # re-inserted: the order is by last occurrence
+    return "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in counts.items())
+
+
+def check_stall(value: float, what: str) -> float:
+    if not math.isfinite(value) or value <= 0 or value > MAX_STALL_S:
+        raise InvalidValue(
+            f"{what} {value!r}: must be a number of seconds above 0 and at most {MAX_STALL_S:g}",
+            fix=f"e.g. {what} {STALL_S:g}",
+        )
+    return value
+
+
+def stall_seconds() -> float:
+    """How long a pull waits for the next byte before it counts the attempt as stalled."""
+    raw = os.environ.get(STALL_ENV)
+    if raw is None:
+        return STALL_S
+    try:
+        value = float(raw)
     except ValueError:
-        return None
+        raise InvalidValue(f"{STALL_ENV}={raw!r}: not a number of seconds", fix=f"e.g. {STALL_ENV}=20") from None
+    return check_stall(value, STALL_ENV)
 
 
 class Store:
@@ -228,28 +289,62 @@ class Store:
 
     # --- refs ---------------------------------------------------------------------------------
 
+    def _load_ref(self, path: Path) -> Ref:
+        """The ref stored at ``path``; _DamagedRef when it is not one the store could have written."""
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise _DamagedRef("not UTF-8 text") from None
+        except OSError as exc:
+            raise _DamagedRef(f"unreadable ({exc.strerror or exc})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise _DamagedRef(f"not JSON ({exc.msg} at line {exc.lineno})") from None
+        if not isinstance(data, dict):
+            raise _DamagedRef("not a JSON object")
+        missing = [k for k in Ref.__dataclass_fields__ if k not in data]
+        if missing:
+            raise _DamagedRef(f"missing {', '.join(missing)}")
+        checks = {
+            "name": data["name"] == path.stem,
+            "sha256": isinstance(data["sha256"], str) and _SHA256_HEX.match(data["sha256"]) is not None,
+            "size": isinstance(data["size"], int) and not isinstance(data["size"], bool) and data["size"] >= 0,
+            "source": isinstance(data["source"], str) and bool(data["source"]),
+            "pinned": isinstance(data["pinned"], bool),
+            "pin_status": data["pin_status"] is None or isinstance(data["pin_status"], str),
+        }
+        bad = [k for k, ok in checks.items() if not ok]
+        if bad:
+            raise _DamagedRef("bad " + ", ".join(f"{k}={data[k]!r}"[:80] for k in bad))
+        return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
+
     def ref(self, name: str) -> Ref | None:
         path = self._ref_path(name)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not (path.exists() or path.is_symlink()):
             return None
-        except json.JSONDecodeError as exc:
-            raise ModelHashMismatch(f"{path}: damaged ref ({exc.msg})", fix=f"provision model rm {name}") from None
         try:
-            return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
-        except (KeyError, TypeError) as exc:
-            raise ModelHashMismatch(f"{path}: damaged ref (missing {exc})", fix=f"provision model rm {name}") from None
+            return self._load_ref(path)
+        except _DamagedRef as exc:
+            raise ModelHashMismatch(
+                f"{path}: damaged ref ({exc.reason})", fix=f"provision model rm {name}, then pull it again"
+            ) from None
 
-    def refs(self) -> list[Ref]:
-        out = []
+    def scan(self) -> tuple[list[Ref], list[DamagedRef]]:
+        """Every ref in the store: the sound ones and the damaged ones (each still removable by name)."""
+        good: list[Ref] = []
+        damaged: list[DamagedRef] = []
         for path in sorted((self.root / "refs").glob("*.json")):
             if not _is_name(path.stem):
                 continue  # not written by the store
-            ref = self.ref(path.stem)
-            if ref:
-                out.append(ref)
-        return out
+            try:
+                good.append(self._load_ref(path))
+            except _DamagedRef as exc:
+                damaged.append(DamagedRef(path.stem, path, exc.reason))
+        return good, damaged
+
+    def refs(self) -> list[Ref]:
+        return self.scan()[0]
 
     def _write_ref(self, spec: ModelSpec, sha256: str, size: int) -> Ref:
         ref = Ref(spec.name, sha256, size, spec.source, spec.pinned, spec.pin_status)
@@ -268,102 +363,136 @@ class Store:
     def resolve(self, arg: str, *, sha256: str | None = None, name: str | None = None) -> ModelSpec:
         return resolve(arg, self.pins, sha256=sha256, name=name, hf_endpoint=os.environ.get("HF_ENDPOINT") or None)
 
-    def _reusable(self, spec: ModelSpec) -> Ref | None:
-        """The stored ref for ``spec`` when its blob is already here (size checked, not re-hashed:
-        blobs are only created by a verified rename and are read-only)."""
-        if spec.sha256:
-            blob = self.blob_path(spec.sha256)
-            size = spec.size
-            if size is None and (known := self.ref(spec.name)) and known.sha256 == spec.sha256:
-                size = known.size  # the size recorded when this name was first pulled
-            if blob.exists() and (size is None or blob.stat().st_size == size):
-                return self._write_ref(spec, spec.sha256, blob.stat().st_size)
-            return None
-        ref = self.ref(spec.name)
-        if ref and ref.source == spec.source and self.blob_path(ref.sha256).exists():
-            return ref
-        return None
+    def _blob_sound(self, sha256: str, size: int | None) -> bool:
+        blob = self.blob_path(sha256)
+        if size is not None and blob.stat().st_size != size:
+            return False
+        return _hash_file(blob)[0].hexdigest() == sha256 and _has_magic(blob)
 
-    def pull(self, spec: ModelSpec) -> PullResult:
+    def _reusable(self, spec: ModelSpec) -> Ref | None:
+        """The ref for ``spec`` when its blob is already here and re-hashes right. A damaged blob
+        (edited, truncated, bit rot) is removed so the pull fetches it again."""
+        try:
+            known = self.ref(spec.name)
+        except ModelHashMismatch:
+            known = None  # a damaged ref of this name: the pull rewrites it
+        if spec.sha256:
+            sha256, size = spec.sha256, spec.size
+            if size is None and known and known.sha256 == spec.sha256:
+                size = known.size  # the size recorded when this name was first pulled
+        elif known and known.source == spec.source:
+            sha256, size = known.sha256, known.size
+        else:
+            return None
+        if not self.blob_path(sha256).exists():
+            return None
+        if not self._blob_sound(sha256, size):
+            self._say(f"{spec.name}: the stored blob sha256-{sha256} is damaged; fetching it again")
+            self._drop_blob(sha256)
+            return None
+        if spec.sha256 is None:
+            return known
+        return self._write_ref(spec, sha256, self.blob_path(sha256).stat().st_size)
+
+    def pull(self, spec: ModelSpec, *, stall_s: float | None = None) -> PullResult:
         if spec.synth:
             catalog_name = next(n for n, p in self.pins.models.items() if p.synth == spec.synth)
             return self.synth(catalog_name, as_name=spec.name)
         assert spec.url is not None
+        stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
         if not spec.pinned:
             self._say(f"{spec.name}: no sha256 pinned for {spec.source}; the store will record the hash it computes")
         key = spec.sha256 or hashlib.sha256(spec.url.encode()).hexdigest()
-        reused = self._reusable(spec)
-        if reused:
-            return PullResult(reused, self.blob_path(reused.sha256), 0, True)
         with self._locked(key, spec.name):
-            reused = self._reusable(spec)  # another process may have finished it while we waited
+            reused = self._reusable(spec)  # re-verified; another process may have finished it while we waited
             if reused:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
-            sha256, size, fetched = self._download(spec, key)
+            sha256, size, fetched = self._download(spec, key, stall)
             ref = self._write_ref(spec, sha256, size)
             return PullResult(ref, self.blob_path(sha256), fetched, False)
 
-    def _download(self, spec: ModelSpec, key: str) -> tuple[str, int, int]:
+    def _download(self, spec: ModelSpec, key: str, stall: float) -> tuple[str, int, int]:
+        """Attempts until the file is whole, or the budget is spent.
+
+        An attempt counts as progress only when the partial file grows past the most it ever
+        held in this pull (its high-water mark): a server that restarts from zero (ignores
+        Range, or answers it with a 206 from byte 0) and dies half-way makes no progress, so
+        it cannot keep a pull going forever. MAX_ATTEMPTS failures in a row, or
+        MAX_TOTAL_ATTEMPTS attempts in all, end the pull with E012 naming what the server did.
+        """
         partial, meta_path = self._partial(key)
         meta = self._load_meta(meta_path, spec)
         if meta is None:
             partial.unlink(missing_ok=True)
             meta = {"url": spec.url, "sha256": spec.sha256, "validator": None}
-        fetched = 0
+        high_water = partial.stat().st_size if partial.exists() else 0
+        received = [0]  # body bytes that came over the network in this call
         failures = 0
-        last = ""
-        while True:
-            before = partial.stat().st_size if partial.exists() else 0
+        history: list[str] = []
+        for attempt in range(1, MAX_TOTAL_ATTEMPTS + 1):
             try:
-                return self._attempt(spec, partial, meta_path, meta, fetched)
+                return self._attempt(spec, partial, meta_path, meta, received, stall)
             except _Retry as retry:
                 after = partial.stat().st_size if partial.exists() else 0
-                fetched += max(after - before, 0)
-                failures = 0 if retry.progressed else failures + 1
-                last = retry.reason
-                if failures >= MAX_ATTEMPTS:
+                progressed = after > high_water
+                high_water = max(high_water, after)
+                failures = 0 if progressed else failures + 1
+                history.append(retry.reason)
+                if failures >= MAX_ATTEMPTS or attempt == MAX_TOTAL_ATTEMPTS:
+                    why = (
+                        f"{MAX_ATTEMPTS} attempts in a row brought no new byte"
+                        if failures >= MAX_ATTEMPTS
+                        else f"{MAX_TOTAL_ATTEMPTS} attempts in all"
+                    )
                     raise DownloadFailed(
-                        f"{spec.url}: {last} ({MAX_ATTEMPTS} attempts in a row brought no new byte); "
-                        f"{after} bytes kept in {partial} for the next pull",
-                        fix="check the network or the URL and run the pull again: it resumes",
+                        f"{spec.url}: gave up after {attempt} attempts ({why}); what the server did: "
+                        f"{_summarize(history)}; {after} bytes kept in {partial} for the next pull",
+                        fix="check the URL and the server (or the network), then run the pull again: it resumes",
                     ) from None
-                pause = 0.0 if retry.progressed else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
-                self._say(f"{spec.name}: {last}; " + (f"retrying in {pause:.1f}s" if pause else "resuming"))
+                pause = 0.0 if progressed else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
+                self._say(
+                    f"{spec.name}: attempt {attempt}: {retry.reason}; "
+                    + (f"retrying in {pause:.1f}s" if pause else "resuming")
+                )
                 time.sleep(pause)
+        raise AssertionError("unreachable: the loop returns or raises")
 
     @staticmethod
     def _load_meta(meta_path: Path, spec: ModelSpec) -> dict[str, Any] | None:
         try:
-            meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
+            meta: Any = json.loads(meta_path.read_bytes().decode("utf-8"))
+        except (OSError, ValueError):  # missing, not UTF-8 or not JSON: start afresh
             return None
         # A partial only continues the same URL with the same expectation.
-        return meta if meta.get("url") == spec.url and meta.get("sha256") == spec.sha256 else None
+        if not isinstance(meta, dict) or meta.get("url") != spec.url or meta.get("sha256") != spec.sha256:
+            return None
+        return meta
 
     def _attempt(
-        self, spec: ModelSpec, partial: Path, meta_path: Path, meta: dict[str, Any], fetched: int
+        self, spec: ModelSpec, partial: Path, meta_path: Path, meta: dict[str, Any], received: list[int], stall: float
     ) -> tuple[str, int, int]:
         """One request: resume or restart the partial file, stream the body, then promote it."""
         offset = partial.stat().st_size if partial.exists() else 0
-        with self._request(spec, offset, meta) as resp:
-            offset, total = self._accept(spec, resp, offset, partial)
+        with self._request(spec, offset, meta, stall) as resp:
+            start, total = self._accept(spec, resp, offset, partial)
             if resp.status == 200 or not meta.get("validator"):
                 meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
             _write_json_atomic(meta_path, meta)
-            if offset:
-                hasher, hashed = _hash_file(partial, offset)  # hashlib state cannot be saved: re-read
-                if hashed != offset:
-                    raise _Retry("the partial file shrank while resuming", progressed=False)
+            if start:
+                hasher, hashed = _hash_file(partial, start)  # hashlib state cannot be saved: re-read
+                if hashed != start:
+                    raise _Retry("the partial file shrank while resuming")
             else:
                 hasher = hashlib.sha256()
-            progress = Progress(spec.name, total, start=offset, stream=self.out)
+            progress = Progress(spec.name, total, start=start, stream=self.out)
+            done = start
             try:
-                with open(partial, "r+b" if offset else "wb", buffering=0) as f:
-                    f.truncate(offset)
-                    f.seek(offset)
-                    done = self._stream(resp, f, hasher, offset, progress, check_magic=offset == 0)
+                with open(partial, "r+b" if start else "wb", buffering=0) as f:
+                    f.truncate(start)
+                    f.seek(start)
+                    done = self._stream(resp, f, hasher, start, progress, check_magic=start == 0)
                     if total is not None and done < total:
-                        raise _Retry(f"connection closed after {done} of {total} bytes", progressed=done > offset)
+                        raise _Retry(f"connection closed after byte {done} of {total}")
                     try:
                         os.fsync(f.fileno())
                     except OSError as exc:
@@ -379,19 +508,21 @@ class Store:
                         fix="free space, raise the file size limit (ulimit -f) or move the cache (PROVISION_CACHE)",
                     ) from None
                 raise DownloadFailed(f"writing {partial}: {err}; nothing was stored") from None
-            except NotGguf:
+            except (NotGguf, ModelHashMismatch):
                 partial.unlink(missing_ok=True)
                 meta_path.unlink(missing_ok=True)
                 raise
-            except (OSError, http.client.HTTPException) as exc:  # from the socket: keep what arrived
-                raise _Retry(
-                    f"connection lost: {exc or type(exc).__name__}", progressed=partial.stat().st_size > offset
-                ) from None
+            except TimeoutError:  # from the socket: keep what arrived
+                raise _Retry(f"stalled: no byte for {stall:g}s after byte {_size(partial)}") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise _Retry(f"connection lost after byte {_size(partial)}: {exc or type(exc).__name__}") from None
+            finally:
+                received[0] += max(_size(partial) - start, 0)
             progress.finish()
-        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, fetched + done - offset)
+        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, received[0])
 
     @staticmethod
-    def _request(spec: ModelSpec, offset: int, meta: dict[str, Any]) -> web.Response:
+    def _request(spec: ModelSpec, offset: int, meta: dict[str, Any], stall: float) -> web.Response:
         assert spec.url is not None
         headers = {}
         if offset:
@@ -403,52 +534,60 @@ class Store:
             return web.get(
                 spec.url,
                 headers=headers,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
+                connect_timeout=min(CONNECT_TIMEOUT_S, max(stall, 1.0)),
+                read_timeout=stall,
                 allow=url_refusal,
             )
         except web.HttpError as exc:
             raise DownloadFailed(str(exc)) from None
+        except TimeoutError:
+            raise _Retry(f"no answer within {stall:g}s (connected, but the server sent nothing)") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise _Retry(f"request failed: {exc or type(exc).__name__}", progressed=False) from None
+            raise _Retry(f"request failed: {exc or type(exc).__name__}") from None
 
     def _accept(self, spec: ModelSpec, resp: web.Response, offset: int, partial: Path) -> tuple[int, int | None]:
-        """Decide from the status where the body starts; return (offset, total size if known)."""
+        """Decide from the status where the body starts; return (start, total size if known).
+
+        ``start`` is ``offset`` for a proper resume, 0 for a restart (a 200, or a 206 from byte 0).
+        A Content-Range that is neither is refused without touching the partial file.
+        """
         status = resp.status
         if status == 416 and offset:
             partial.unlink()  # our partial is not a prefix the server knows: start again
-            raise _Retry("the server refused the resume range (416); starting from 0", progressed=True)
+            raise _Retry(f"the server refused the resume range bytes={offset}- (416); restarting from 0")
         if status >= 500 or status in (408, 429):
-            raise _Retry(f"HTTP {status} {resp.reason}", progressed=False)
+            raise _Retry(f"HTTP {status} {resp.reason}")
         if status not in (200, 206):
             raise DownloadFailed(f"{spec.url}: HTTP {status} {resp.reason}", fix="check the URL (and --sha256)")
         total: int | None
         if status == 206:
-            span = _content_range(resp.header("Content-Range"))
-            if span is None or span[0] != offset:
-                partial.unlink(missing_ok=True)
-                got = resp.header("Content-Range")
-                raise _Retry(f"the server answered Range {offset}- with {got!r}; starting from 0", progressed=True)
-            total = span[1]
+            got = resp.header("Content-Range")
+            span = _content_range(got)
+            length = resp.content_length
+            if span is None or span[0] not in (offset, 0) or (length is not None and length != span[1] - span[0] + 1):
+                raise _Retry(f"wrong Content-Range {got!r} for Range bytes={offset}- (Content-Length {length})")
+            start, _end, total = span
+            if start != offset:
+                self._say(f"{spec.name}: the server answered Range bytes={offset}- from byte 0; starting from 0")
         else:
-            if offset:
-                self._say(
-                    f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0"
-                )
-            offset = 0
+            start = 0
             total = resp.content_length
+            if offset:
+                self._say(f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0")
         if spec.size is not None and total is not None and total != spec.size:
-            raise ModelHashMismatch(f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}")
+            raise ModelHashMismatch(
+                f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}; nothing was stored"
+            )
         total = total if total is not None else spec.size
         if total is not None:
-            need = total - offset
+            need = total - start
             free = shutil.disk_usage(partial.parent).free
             if need > free:
                 raise DiskFull(
                     f"{spec.name} needs {need} more bytes in {partial.parent}, only {free} are free",
                     fix="free some space or move the cache (PROVISION_CACHE)",
                 )
-        return offset, total
+        return start, total
 
     @staticmethod
     def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
@@ -574,25 +713,40 @@ class Store:
             raise UnknownModel(f"{name!r} is not a synthetic catalog model (known: {', '.join(known)})")
         return pin
 
-    def synth_to(self, name: str, output: Path) -> tuple[str, int]:
-        """Write the synthetic catalog model ``name`` to ``output`` and check it against its pin."""
+    def _synth_into(self, name: str, path: Path) -> tuple[str, int]:
+        """Write synthetic catalog model ``name`` to the fresh file ``path`` and check it against its pin."""
         pin = self._synth_pin(name)
         assert pin.synth is not None
         synth.check_versions(self.pins)
         write = synth.generator(pin.synth)
-        output.unlink(missing_ok=True)
         with contextlib.redirect_stdout(sys.stderr):  # the gguf writer logs; stdout stays for reports
-            write(output)
-        hasher, size = _hash_file(output)
+            write(path)
+        hasher, size = _hash_file(path)
         sha256 = hasher.hexdigest()
         if (sha256, size) != (pin.sha256, pin.size):
-            output.unlink()
             raise ModelHashMismatch(
                 f"synth {name}: wrote {size} bytes with sha256 {sha256}, but {self.pins.path} models.{name} pins "
                 f"{pin.size} bytes, sha256 {pin.sha256}; nothing was kept",
                 fix="the generator or the gguf/numpy versions changed: fix them, or re-pin on purpose",
             )
         return sha256, size
+
+    def synth_to(self, name: str, output: Path, *, force: bool = False) -> tuple[str, int]:
+        """Write synthetic catalog model ``name`` to ``output`` (whole or not at all; an existing
+        file is only replaced with ``force`` or when it already holds exactly these bytes)."""
+        pin = self._synth_pin(name)
+        result: list[tuple[str, int]] = []
+
+        def same_model(path: Path) -> bool:
+            if not path.is_file() or path.stat().st_size != pin.size:
+                return False
+            return _hash_file(path)[0].hexdigest() == pin.sha256
+
+        outputs.write_file(
+            output, lambda tmp: result.append(self._synth_into(name, tmp)), flag="--output", force=force,
+            ours=same_model,
+        )  # fmt: skip
+        return result[0]
 
     def synth(self, name: str, *, as_name: str | None = None) -> PullResult:
         """Synthesize catalog model ``name`` into the store (under ``as_name`` when given)."""
@@ -606,10 +760,14 @@ class Store:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
             tmp, _ = self._partial(f"synth-{name}.{os.getpid()}")
             try:
-                sha256, size = self.synth_to(name, tmp)
+                sha256, size = self._synth_into(name, tmp)
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
                 self._install_blob(tmp, sha256)
+            except OSError as exc:
+                if exc.errno in _DISK_ERRNOS:
+                    raise DiskFull(f"writing {tmp}: {os.strerror(exc.errno or 0)}; nothing was stored") from None
+                raise
             finally:
                 tmp.unlink(missing_ok=True)
             ref = self._write_ref(spec, sha256, size)
@@ -618,7 +776,10 @@ class Store:
     # --- verify, remove -----------------------------------------------------------------------
 
     def verify(self, name: str) -> VerifyResult:
-        ref = self.ref(name)
+        try:
+            ref = self.ref(name)
+        except ModelHashMismatch as exc:
+            return VerifyResult(name, self._ref_path(name), False, exc.message)
         if ref is None:
             raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model pull {name}")
         blob = self.blob_path(ref.sha256)
@@ -633,15 +794,27 @@ class Store:
             return VerifyResult(name, blob, False, "no GGUF magic")
         return VerifyResult(name, blob, True, f"sha256 {ref.sha256} ({size} bytes)")
 
-    def remove(self, name: str) -> Ref:
-        ref = self.ref(name)
+    def remove(self, name: str) -> Ref | DamagedRef:
+        path = self._ref_path(name)
+        try:
+            ref = self.ref(name)
+        except ModelHashMismatch:  # a damaged ref: remove the file; no blob can be attributed to it
+            reason = next((d.reason for d in self.scan()[1] if d.name == name), "damaged")
+            path.unlink()
+            return DamagedRef(name, path, reason)
         if ref is None:
-            raise UnknownModel(f"model {name!r} is not in the store {self.root}")
+            raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix="provision model list")
         with self._locked(ref.sha256, name):
-            self._ref_path(name).unlink()
+            path.unlink()
             if not any(other.sha256 == ref.sha256 for other in self.refs()):
-                self.blob_path(ref.sha256).unlink(missing_ok=True)
+                self._drop_blob(ref.sha256)
         return ref
+
+    def _drop_blob(self, sha256: str) -> None:
+        blob = self.blob_path(sha256)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(blob, 0o644)
+        blob.unlink(missing_ok=True)
 
 
 def ensure(name: str, *, out: TextIO | None = None) -> Path:
@@ -661,6 +834,14 @@ def ensure(name: str, *, out: TextIO | None = None) -> Path:
             store.synth(name)
         else:
             store.pull(store.resolve(name))
+    ref = store.ref(name)
+    pin = store.pins.models.get(name)
+    if ref is not None and pin is not None and ref.sha256 != pin.sha256:
+        raise ModelHashMismatch(
+            f"{name}: the store binds this catalog name to sha256 {ref.sha256}, but {store.pins.path} "
+            f"models.{name} pins {pin.sha256}; the stored file is not the catalog's model",
+            fix=f"provision model rm {name}, then provision model pull {name}",
+        )
     result = store.verify(name)
     if not result.ok:
         raise ModelHashMismatch(

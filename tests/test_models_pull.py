@@ -172,8 +172,8 @@ def test_connection_reset_mid_body_resumes_with_range_and_if_range(cache, server
     assert (cache / "blobs" / f"sha256-{SHA}").read_bytes() == BODY
 
 
-def test_stalled_body_hits_the_read_timeout_and_resumes(cache, server, monkeypatch):
-    monkeypatch.setattr(models, "READ_TIMEOUT_S", 0.3)
+def test_stalled_body_hits_the_stall_timeout_and_resumes(cache, server, monkeypatch):
+    monkeypatch.setenv("PROVISION_STALL_S", "0.3")
     server.plans = [f"pause_at:{SIZE // 2}"]  # stalls until released (at teardown)
     assert pull(server.url(PATH), "--sha256", SHA) == 0
     assert server.requests[1].range == f"bytes={SIZE // 2}-" and server.requests[1].status == 206

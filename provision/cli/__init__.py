@@ -1,7 +1,10 @@
 """Thin command line: parse, call one domain function, print, map errors to exit codes.
 
 Each command group lives in its own module with ``register(subparsers)``; the handler it
-sets returns an exit status. Errors are ProvisionError subclasses (provision/errors.py).
+sets returns an exit status. Errors are ProvisionError subclasses (provision/errors.py):
+each prints ``E0NN: message`` and a ``fix:`` line (and, with ``--json``, a JSON error on
+stdout). Argument errors are E003. Anything else is a bug: a short report, the traceback
+in a file, exit status ``errors.INTERNAL_ERROR_STATUS``; never a traceback on the terminal.
 """
 
 from __future__ import annotations
@@ -10,16 +13,28 @@ import argparse
 import importlib
 import json
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
-from ..errors import ProvisionError
+from ..errors import INTERNAL_ERROR_STATUS, INTERRUPTED_STATUS, InvalidValue, ProvisionError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = ["stacks", "image", "model", "host_tools", "launch", "run", "bench", "doctor", "ggml", "apir"]
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that raises E003 instead of printing usage and exiting 2 (sub-parsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InvalidValue(f"{self.prog}: {message}", fix=f"see `{self.prog} --help` for what it takes")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="provision", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(prog="provision", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {importlib.import_module('provision').__version__}"
     )
@@ -29,17 +44,55 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    return "--json" in head
+
+
+def _crash_report(exc: BaseException) -> Path | None:
+    """Write the traceback where the user can find it; the cache may be the very thing that is broken."""
+    text = "".join(traceback.format_exception(exc))
+    name = f"provision-crash-{time.strftime('%Y%m%d-%H%M%S')}-{id(exc):x}.txt"
+    for where in (_crash_dir, lambda: Path(tempfile.gettempdir())):
+        try:
+            path = where() / name
+            path.write_text(f"argv: {sys.argv!r}\n{text}", encoding="utf-8")
+            return path
+        except Exception:  # noqa: BLE001, S112 - try the next place
+            continue
+    return None
+
+
+def _crash_dir() -> Path:
+    from .. import paths
+
+    return paths.cache_dir("crash")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    want_json = _wants_json(argv)
     try:
-        status = args.func(args)
+        args = build_parser().parse_args(argv)
+        want_json = want_json or bool(getattr(args, "json", False))
+        return int(args.func(args) or 0)
     except ProvisionError as exc:
-        if getattr(args, "json", False):
+        if want_json:
             print(json.dumps({"error": exc.as_dict()}, indent=2))
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
-    return int(status or 0)
+        return INTERRUPTED_STATUS
+    except SystemExit:
+        raise  # --help and --version
+    except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a report
+        where = _crash_report(exc)
+        detail = f"details: {where}" if where else "no place to write details was writable"
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        if want_json:
+            error = {"code": "internal", "message": message, "details": str(where) if where else None,
+                     "exit_status": INTERNAL_ERROR_STATUS}  # fmt: skip
+            print(json.dumps({"error": error}, indent=2))
+        print(f"{message}\n  {detail}\n  fix: this is a bug in provision; report it with that file", file=sys.stderr)
+        return INTERNAL_ERROR_STATUS

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import catalog, images, pins
+from .. import catalog, images, outputs, pins
 from .output import dumps
 
 
@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     r = isub.add_parser("render", help="write a stack's Containerfile (deterministic)")
     r.add_argument("stack")
-    r.add_argument("--output", "-o", type=Path, help="directory to write (default: print the Containerfile)")
+    r.add_argument("--output", "-o", help="directory to write (default: print the Containerfile)")
+    r.add_argument("--force", action="store_true", help="replace files in --output that provision did not write")
     r.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     r.set_defaults(func=run_render)
 
@@ -34,10 +35,11 @@ def run_render(args: argparse.Namespace) -> int:
     p = pins.default()
     stack = catalog.load(args.catalog).get(args.stack)
     rendered = images.render_stack(stack, p)
-    if args.output is None:
+    out_dir = outputs.output_path(args.output, "--output")
+    if out_dir is None:
         sys.stdout.write(rendered.containerfile)
         return 0
-    for path in rendered.write(args.output):
+    for path in rendered.write(out_dir, force=args.force):
         print(path)
     return 0
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from .. import models
+from .. import models, outputs
 from ..errors import ModelHashMismatch
 from .output import dumps, table
 
@@ -19,6 +18,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
     pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
+    pull.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        help=f"retry when no byte arrived for S seconds (default {models.STALL_S:g}, or ${models.STALL_ENV})",
+    )
     pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
@@ -43,14 +48,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     syn = msub.add_parser("synth", help="write a synthetic model (tiny-llama) and check it against its pin")
     syn.add_argument("name", metavar="NAME", help="synthetic catalog model, e.g. " + models.SMOKE_MODEL)
-    syn.add_argument("--output", type=Path, help="write here instead of into the store")
+    syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
+    syn.add_argument("--force", action="store_true", help="replace an existing --output file")
     syn.add_argument("--json", action="store_true", help="machine-readable output")
     syn.set_defaults(func=run_synth)
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    stall = models.check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
-    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name))
+    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name), stall_s=stall)
     report = {
         **result.ref.as_dict(),
         "path": str(result.path),
@@ -78,7 +85,8 @@ def _pin_note(status: str | None, synth: str | None) -> str:
 def run_list(args: argparse.Namespace) -> int:
     store = models.Store()
     rows: list[dict[str, object]] = []
-    stored = {r.name: r for r in store.refs()}
+    good, damaged = store.scan()
+    stored = {r.name: r for r in good}
     for name in models.catalog_names(store.pins):
         pin = store.pins.models[name]
         ref = stored.pop(name, None)
@@ -107,6 +115,20 @@ def run_list(args: argparse.Namespace) -> int:
             "pin_status": ref.pin_status,
             "note": _pin_note(ref.pin_status if ref.pinned else None, None),
         })  # fmt: skip
+    for bad in damaged:
+        rows.append({
+            "name": bad.name,
+            "catalog": bad.name in store.pins.models,
+            "default": False,
+            "smoke_default": False,
+            "stored": False,
+            "sha256": None,
+            "size": None,
+            "source": None,
+            "pin_status": None,
+            "damaged": bad.reason,
+            "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
+        })  # fmt: skip
     if args.json:
         print(dumps({"store": str(store.root), "models": rows}))
         return 0
@@ -122,7 +144,11 @@ def run_list(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     store = models.Store()
-    names = [args.name] if args.name else [r.name for r in store.refs()]
+    if args.name:
+        names = [args.name]
+    else:
+        good, damaged = store.scan()
+        names = sorted([r.name for r in good] + [d.name for d in damaged])
     results = [store.verify(n) for n in names]
     if args.json:
         print(dumps([r.as_dict() for r in results]))
@@ -135,7 +161,8 @@ def run_verify(args: argparse.Namespace) -> int:
     if bad:
         print(
             ModelHashMismatch(
-                "; ".join(f"{r.name}: {r.detail}" for r in bad), fix="provision model rm NAME, then pull it again"
+                "; ".join(f"{r.name}: {r.detail}" for r in bad),
+                fix=f"provision model rm {bad[0].name}, then pull (or synth) it again",
             ).render(),
             file=sys.stderr,
         )
@@ -145,7 +172,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 def run_rm(args: argparse.Namespace) -> int:
     ref = models.Store().remove(args.name)
-    print(dumps({"removed": ref.as_dict()}) if args.json else f"removed {ref.name} (sha256 {ref.sha256})")
+    if isinstance(ref, models.DamagedRef):
+        text = f"removed the damaged ref {ref.name} ({ref.reason})"
+    else:
+        text = f"removed {ref.name} (sha256 {ref.sha256})"
+    print(dumps({"removed": ref.as_dict()}) if args.json else text)
     return 0
 
 
@@ -157,9 +188,10 @@ def run_path(args: argparse.Namespace) -> int:
 
 def run_synth(args: argparse.Namespace) -> int:
     store = models.Store()
-    if args.output:
-        sha256, size = store.synth_to(args.name, args.output)
-        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(args.output)}
+    output = outputs.output_path(args.output, "--output")
+    if output is not None:
+        sha256, size = store.synth_to(args.name, output, force=args.force)
+        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(output)}
     else:
         result = store.synth(args.name)
         report = {"name": args.name, "sha256": result.ref.sha256, "size": result.ref.size, "path": str(result.path)}

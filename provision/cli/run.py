@@ -38,7 +38,9 @@ def split_command(args: argparse.Namespace) -> list[str]:
     i = rest.index("--")
     opts, cmd = rest[:i], rest[i + 1 :]
     if opts:
-        late = argparse.ArgumentParser(prog="provision run STACK", add_help=False)
+        from . import Parser  # E003 for a bad late option, like every other argument error
+
+        late = Parser(prog="provision run STACK", add_help=False)
         _options(late)
         late.parse_args(opts, namespace=args)
     return cmd
