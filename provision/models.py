@@ -573,7 +573,7 @@ class Store:
             start = 0
             total = resp.content_length
             if offset:
-                self._say(f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0")
+                self._say(f"{spec.name}: the server sent all of it (Range ignored or file changed); starting from 0")
         if spec.size is not None and total is not None and total != spec.size:
             raise ModelHashMismatch(
                 f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}; nothing was stored"
