@@ -134,14 +134,24 @@ class HfRef:
         try:
             url = hf_hub_url(self.repo_id, self.filename, revision=self.revision or "main", endpoint=endpoint)
         except ValueError as exc:  # HFValidationError is a ValueError
-            raise BadModelName(f"{self}: {exc}") from None
+            raise BadModelName(f"{self}: {exc}", fix=_HF_FIX) from None
         return check_url(url, f"URL built from {self}")
 
     def __str__(self) -> str:
         return f"hf://{self.repo_id}/{self.filename}" + (f"@{self.revision}" if self.revision else "")
 
 
+_HF_FIX = "write it as on the hub: hf://OWNER/REPO/PATH/FILE.gguf@REVISION"
+
+
 def parse_hf(ref: str) -> HfRef:
+    try:
+        return _parse_hf(ref)
+    except BadModelName as exc:
+        raise BadModelName(exc.message, fix=_HF_FIX) from None
+
+
+def _parse_hf(ref: str) -> HfRef:
     m = _HF.match(ref)
     if not m:
         raise BadModelName(f"{ref!r} is not an hf://OWNER/REPO/FILE[@REV] reference")

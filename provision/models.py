@@ -765,8 +765,9 @@ class Store:
                     os.fsync(f.fileno())
                 self._install_blob(tmp, sha256)
             except OSError as exc:
-                if exc.errno in _DISK_ERRNOS:
-                    raise DiskFull(f"writing {tmp}: {os.strerror(exc.errno or 0)}; nothing was stored") from None
+                if outputs.is_disk_error(exc):
+                    why = os.strerror(exc.errno) if exc.errno else f"short write ({exc})"
+                    raise DiskFull(f"writing {tmp}: {why}; nothing was stored") from None
                 raise
             finally:
                 tmp.unlink(missing_ok=True)

@@ -20,6 +20,12 @@ from .errors import DiskFull, InvalidValue
 DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
+def is_disk_error(exc: OSError) -> bool:
+    """Out of space or over the file size limit. Writers that check their own short writes
+    (numpy's tofile: "N requested and M written") raise an OSError without errno for it."""
+    return exc.errno in DISK_ERRNOS or (exc.errno is None and "written" in str(exc))
+
+
 def output_path(value: str | None, flag: str) -> Path | None:
     """The path a --output option names, refusing values that are no path at all ("" is not ".")."""
     if value is None:
@@ -30,9 +36,10 @@ def output_path(value: str | None, flag: str) -> Path | None:
 
 
 def _disk_or_value(exc: OSError, target: Path, flag: str) -> Exception:
-    if exc.errno in DISK_ERRNOS:
+    if is_disk_error(exc):
+        why = os.strerror(exc.errno) if exc.errno else f"short write ({exc})"
         return DiskFull(
-            f"writing {flag} {target}: {os.strerror(exc.errno or 0)}; {target} was left as it was",
+            f"writing {flag} {target}: {why}; {target} was left as it was",
             fix="free space or raise the file size limit (ulimit -f), or write elsewhere",
         )
     return InvalidValue(

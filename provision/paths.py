@@ -37,8 +37,8 @@ def _make_dir(path: Path) -> Path:
 
 def cache_root() -> Path:
     override = os.environ.get(CACHE_ENV)
-    if override is not None and (not override.strip() or "\0" in override):
-        raise _unusable(Path(override), "the value is empty or not a path")
+    if override and "\0" in override:
+        raise _unusable(Path(override.replace("\0", "\\0")), "the value is not a path")
     root = Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("krun-gpu"))
     return _make_dir(root)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -86,6 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED_STATUS
     except SystemExit:
         raise  # --help and --version
+    except BrokenPipeError:  # the reader went away (`provision … | head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 141
     except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a report
         where = _crash_report(exc)
         detail = f"details: {where}" if where else "no place to write details was writable"

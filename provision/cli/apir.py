@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .. import apir
+from .. import apir, values
 from ..adapters.apir import DEFAULT_REG, ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG, ProbeResult
 from .output import dumps, table
 
@@ -57,6 +57,7 @@ def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    values.int_range(args.alloc_mib, "--alloc-mib", 0, 1 << 20, why="MiB; 0 allocates nothing")
     settings = apir.ApirSettings.resolve(backend=args.backend, ggml_library=args.ggml_library, ggml_reg=args.reg)
     result = apir.probe(settings, alloc_bytes=args.alloc_mib << 20)
     error = apir.failure(result, settings)

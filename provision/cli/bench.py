@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import bench, catalog
-from ..errors import VmFailed
+from .. import bench, catalog, values
+from ..errors import InvalidValue, VmFailed
 from ..hosts import linux
 from ..paths import cache_dir
 from .output import dumps, table
@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    values.seconds(args.timeout, "--timeout")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise InvalidValue(f"--out {args.out} is a file; it must name a directory", fix="name a directory with --out")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
     model = resolve_model(args.model)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import doctor
+from .. import doctor, values
 from .output import dumps, table
 
 
@@ -19,6 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.machine is not None:
+        values.machine_name(args.machine)
+    if args.guest_image is not None:
+        values.image_ref(args.guest_image, "--guest-image")
     ctx = doctor.context(krun=args.krun, machine=args.machine, guest_image=args.guest_image)
     checks = doctor.run(ctx)
     if args.json:

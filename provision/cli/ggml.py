@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .. import builds, ggml_build
+from .. import builds, ggml_build, values
 from .output import dumps, table
 
 
@@ -28,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    values.int_range(args.jobs, "--jobs", 1, 1024)
+    values.token(args.cuda_arch, "--cuda-arch")
+    values.existing_dir(args.source, "--source")
     cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
     if args.dry_run:
         plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,

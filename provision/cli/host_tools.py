@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import apir_host, host_tools
+from .. import apir_host, host_tools, values
 from ..diagnostics import failed
 from ..errors import InvalidValue
 from .output import dumps, table
@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.virgl_src is not None and not args.apir:
-        raise InvalidValue("--virgl-src is only used with --apir")
+        raise InvalidValue("--virgl-src is only used with --apir", fix="add --apir, or drop --virgl-src")
+    values.existing_dir(args.virgl_src, "--virgl-src")
     if not args.check:
         if args.apir:
             apir_host.make(args.virgl_src)  # makes the base chroot first when needed

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import catalog, images, outputs, pins
+from .. import catalog, images, outputs, pins, values
+from ..model_refs import check_name
 from .output import dumps
 
 
@@ -45,6 +46,12 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    if args.tag is not None:
+        values.image_ref(args.tag, "--tag")
+    if args.base_image is not None:
+        values.image_ref(args.base_image, "--base-image")
+    if args.model is not None:
+        check_name(args.model)
     built = images.build(
         args.stack,
         tag=args.tag,

@@ -14,11 +14,11 @@ import sys
 from pathlib import Path
 
 from .. import bundle as bundle_mod
-from .. import doctor, machine_state, pins
+from .. import doctor, machine_state, pins, values
 from ..adapters.podman_machine import DEFAULT_MACHINE
 from ..errors import WrongPlatform
 from ..hosts.darwin import DarwinBackend, observe_machine
-from ..launch import ROUTES, LaunchRequest, plan_launch
+from ..launch import ROUTES, LaunchRequest, check_memory, plan_launch
 from .output import dumps
 
 
@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.dry_run:  # a plan may be for another Mac; a launch runs here
+        values.int_range(args.cpus, "--cpus", 1, os.cpu_count() or 1, why="the CPUs of this host")
     request = LaunchRequest(
         route=args.route,
         machine=args.machine,
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         vram_mib=args.vram if args.vram is not None else doctor.default_vram_mib(),
         apir_log_dir=args.apir_log_dir,
     )
+    check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
     if args.dry_run:
         env = dict(os.environ)
         b = bundle_mod.locate(args.krun, env=env)

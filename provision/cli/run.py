@@ -10,7 +10,7 @@ import argparse
 import importlib
 from pathlib import Path
 
-from .. import catalog
+from .. import catalog, values
 from ..errors import UnknownModel
 from ..hosts import native_backend
 
@@ -65,6 +65,8 @@ def resolve_model(ref: str | None) -> Path | None:
 
 def run(args: argparse.Namespace) -> int:
     cmd = split_command(args)
+    values.seconds(args.timeout, "--timeout")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
-    return native_backend().run(stack, args.gpu, resolve_model(args.model), cmd, args.timeout, args.route)
+    model = resolve_model(args.model)  # verified (or refused) before any VM starts
+    return native_backend().run(stack, args.gpu, model, cmd, args.timeout, args.route)
