@@ -25,8 +25,8 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def busybox_image() -> str:
     """A tiny local base image: Debian's busybox-static imported with podman (no registry)."""
-    from provision import paths
     from provision.adapters import podman
+    from provision.core import paths
 
     version = run(["apt-cache", "policy", "busybox-static"]).stdout
     candidate = next(line.split()[-1] for line in version.splitlines() if "Candidate:" in line)

@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from provision import errors
+from provision.core import errors
 
 
 def errors_table() -> str:

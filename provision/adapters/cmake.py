@@ -12,8 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import BuildFailed, ToolMissing
-from ..ggml_build import BuildPlan
+from provision.apir.ggml import BuildPlan
+from provision.core.errors import BuildFailed, ToolMissing
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 Progress = Callable[[str], None]

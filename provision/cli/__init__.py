@@ -1,7 +1,7 @@
 """Thin command line: parse, call one domain function, print, map errors to exit codes.
 
 Each command group lives in its own module with ``register(subparsers)``; the handler it
-sets returns an exit status. Errors are ProvisionError subclasses (provision/errors.py).
+sets returns an exit status. Errors are ProvisionError subclasses (provision/core/errors.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from ..errors import ProvisionError
+from provision.core.errors import ProvisionError
 
 # Order is the order shown in --help.
 COMMAND_MODULES = ["stacks", "image", "model", "host_tools", "launch", "run", "bench", "doctor", "ggml", "apir"]

@@ -6,9 +6,9 @@ import argparse
 import sys
 from typing import Any
 
-from .. import apir
-from ..adapters.apir import DEFAULT_REG, ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG, ProbeResult
-from .output import dumps, table
+from provision.adapters.apir import DEFAULT_REG, ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG, ProbeResult
+from provision.apir import preflight as apir
+from provision.cli.output import dumps, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -6,12 +6,13 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import bench, catalog
-from ..errors import VmFailed
-from ..hosts import linux
-from ..paths import cache_dir
-from .output import dumps, table
-from .run import resolve_model
+from provision.bench import report as bench
+from provision.cli.output import dumps, table
+from provision.cli.run import resolve_model
+from provision.core import catalog
+from provision.core.errors import VmFailed
+from provision.core.paths import cache_dir
+from provision.hosts.linux import backend as linux
 
 
 def register(sub: argparse._SubParsersAction) -> None:

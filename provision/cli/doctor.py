@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import doctor
-from .output import dumps, table
+from provision.cli.output import dumps, table
+from provision.doctor import checks as doctor
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,8 +7,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .. import builds, ggml_build
-from .output import dumps, table
+from provision.apir import builds
+from provision.apir import ggml as ggml_build
+from provision.cli.output import dumps, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:

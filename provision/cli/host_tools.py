@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import apir_host, host_tools
-from ..diagnostics import failed
-from ..errors import InvalidValue
-from .output import dumps, table
+from provision.apir import host as apir_host
+from provision.cli.output import dumps, table
+from provision.core.diagnostics import failed
+from provision.core.errors import InvalidValue
+from provision.hosts.linux import tools as host_tools
 
 
 def register(sub: argparse._SubParsersAction) -> None:

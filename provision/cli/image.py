@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import catalog, images, pins
-from .output import dumps
+from provision.cli.output import dumps
+from provision.core import catalog, pins
+from provision.images import build as images
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -13,13 +13,15 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import bundle as bundle_mod
-from .. import doctor, machine_state, pins
-from ..adapters.podman_machine import DEFAULT_MACHINE
-from ..errors import WrongPlatform
-from ..hosts.darwin import DarwinBackend, observe_machine
-from ..launch import ROUTES, LaunchRequest, plan_launch
-from .output import dumps
+from provision.adapters.podman_machine import DEFAULT_MACHINE
+from provision.cli.output import dumps
+from provision.core import pins
+from provision.core.errors import WrongPlatform
+from provision.doctor import checks as doctor
+from provision.hosts.darwin import bundle as bundle_mod
+from provision.hosts.darwin import machine_state
+from provision.hosts.darwin.backend import DarwinBackend, observe_machine
+from provision.hosts.darwin.launch import ROUTES, LaunchRequest, plan_launch
 
 
 def register(sub: argparse._SubParsersAction) -> None:

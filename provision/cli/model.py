@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import models
-from ..errors import ModelHashMismatch
-from .output import dumps, table
+from provision.cli.output import dumps, table
+from provision.core.errors import ModelHashMismatch
+from provision.models import store as models
 
 
 def register(sub: argparse._SubParsersAction) -> None:

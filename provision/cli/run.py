@@ -10,9 +10,9 @@ import argparse
 import importlib
 from pathlib import Path
 
-from .. import catalog
-from ..errors import UnknownModel
-from ..hosts import native_backend
+from provision.core import catalog
+from provision.core.errors import UnknownModel
+from provision.hosts import native_backend
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,14 +45,14 @@ def split_command(args: argparse.Namespace) -> list[str]:
 
 
 def resolve_model(ref: str | None) -> Path | None:
-    """A GGUF path as given, else a store name through the verified model store (provision.models.ensure)."""
+    """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure)."""
     if ref is None:
         return None
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
     try:
-        models = importlib.import_module("provision.models")
+        models = importlib.import_module("provision.models.store")
     except ModuleNotFoundError:
         raise UnknownModel(
             f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .. import catalog
-from .output import dumps, table
+from provision.cli.output import dumps, table
+from provision.core import catalog
 
 
 def register(sub: argparse._SubParsersAction) -> None:
