@@ -51,3 +51,11 @@ def busybox_image() -> str:
         (rootfs / d).mkdir(exist_ok=True)
     podman.import_rootfs(rootfs, tag)
     return tag
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty provision cache for this test (PROVISION_CACHE), so no state leaks between tests."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("PROVISION_CACHE", str(root))
+    return root

@@ -10,13 +10,17 @@ import argparse
 import importlib
 from pathlib import Path
 
-from provision.core import catalog
+from provision.cli.output import EXAMPLE_FORMAT, example
 from provision.core.errors import UnknownModel
-from provision.hosts import native_backend
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)")
+    p = sub.add_parser(
+        "run",
+        help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+        epilog=example("provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     _options(p)
     p.add_argument("stack")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
@@ -62,6 +66,9 @@ def resolve_model(ref: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import catalog
+    from provision.hosts import native_backend
+
     cmd = split_command(args)
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback

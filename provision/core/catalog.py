@@ -14,13 +14,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from provision.core import layout
 from provision.core import pins as pins_mod
 from provision.core.errors import CatalogSyntaxError, GpuNotSupported, InvalidValue, UnknownRoute, UnknownStack
 
 ROUTES = ("venus", "apir", "cpu")
+GPU_ROUTES = ("venus", "apir")  # the routes a GPU guest (or a podman machine) runs on
 HOSTS = ("darwin", "linux")
 BASES = ("fedora", "debian")
 MESA = ("copr", "distro", "none")
@@ -286,6 +285,8 @@ def load(path: Path | None = None, pins: pins_mod.Pins | None = None) -> Catalog
 
 
 def _load(path: Path, pins: pins_mod.Pins | None) -> Catalog:
+    import yaml  # only where a catalog is read: `provision --help` should not pay for it
+
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:

@@ -3,6 +3,7 @@
 A host package (``darwin``, ``linux``) has a ``backend`` module exposing ``backend() -> HostBackend``.
 ``native_backend()`` picks the module for the running platform. The Protocol is kept
 minimal so each route can grow its own extras (``DarwinBackend.launch`` …) beside it.
+May import core and the domain packages (models, images, apir) and adapters; never the CLI.
 """
 
 from __future__ import annotations

@@ -3,13 +3,11 @@ rejected with the file, key path and value named."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import yaml
 
 from provision.cli import main
 from provision.core import catalog, errors
+from tests.helpers import catalog_file_with
 
 
 def test_catalog_has_the_four_product_stacks():
@@ -52,13 +50,6 @@ def test_unknown_stack_lists_the_known_ones(capsys):
         assert name in err
 
 
-def _catalog_with(tmp_path: Path, mutate) -> Path:
-    data = yaml.safe_load(catalog.default_path().read_text())
-    mutate(data)
-    path = tmp_path / "stacks.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return path
-
 
 def test_malformed_yaml_names_file_and_line(tmp_path, capsys):
     path = tmp_path / "stacks.yaml"
@@ -70,7 +61,7 @@ def test_malformed_yaml_names_file_and_line(tmp_path, capsys):
 
 
 def test_unknown_key_names_its_path(tmp_path):
-    path = _catalog_with(tmp_path, lambda d: d["stacks"]["llama"].__setitem__("gpu_vram", 1))
+    path = catalog_file_with(tmp_path, lambda d: d["stacks"]["llama"].__setitem__("gpu_vram", 1))
     with pytest.raises(errors.InvalidValue) as exc:
         catalog.load(path)
     assert str(path) in exc.value.message and "stacks.llama.gpu_vram" in exc.value.message
@@ -103,7 +94,7 @@ def test_unknown_key_names_its_path(tmp_path):
     ],
 )
 def test_unsafe_or_unpinned_values_are_rejected(tmp_path, mutate, key, value):
-    path = _catalog_with(tmp_path, mutate)
+    path = catalog_file_with(tmp_path, mutate)
     with pytest.raises(errors.InvalidValue) as exc:
         catalog.load(path)
     assert str(path) in exc.value.message and key in exc.value.message and value in exc.value.message
@@ -111,7 +102,7 @@ def test_unsafe_or_unpinned_values_are_rejected(tmp_path, mutate, key, value):
 
 
 def test_route_gpu_consistency_is_checked(tmp_path):
-    path = _catalog_with(tmp_path, lambda d: d["stacks"]["cpu"].__setitem__("gpu", True))
+    path = catalog_file_with(tmp_path, lambda d: d["stacks"]["cpu"].__setitem__("gpu", True))
     with pytest.raises(errors.InvalidValue) as exc:
         catalog.load(path)
     assert "stacks.cpu.g" in exc.value.message

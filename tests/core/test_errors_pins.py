@@ -1,9 +1,8 @@
-import json
-from pathlib import Path
 
 import pytest
 
 from provision.core import errors, pins
+from tests.helpers import pins_file_with
 
 
 def test_error_codes_and_exit_statuses_are_unique():
@@ -23,16 +22,9 @@ def test_pins_file_loads_and_names_the_llama_cpp_source_once():
     assert sdist["sha256"] == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
 
-def _write(tmp_path: Path, mutate) -> Path:
-    data = json.loads(pins.default_path().read_text())
-    mutate(data)
-    path = tmp_path / "pins.json"
-    path.write_text(json.dumps(data))
-    return path
-
 
 def test_bad_hash_is_rejected_naming_file_key_and_value(tmp_path):
-    path = _write(tmp_path, lambda d: d["sources"]["moltenvk"].__setitem__("hash", "sha256-short"))
+    path = pins_file_with(tmp_path, lambda d: d["sources"]["moltenvk"].__setitem__("hash", "sha256-short"))
     with pytest.raises(errors.InvalidValue) as exc:
         pins.load(path)
     assert str(path) in exc.value.message
@@ -41,7 +33,7 @@ def test_bad_hash_is_rejected_naming_file_key_and_value(tmp_path):
 
 
 def test_unverified_pin_refuses_the_component_that_needs_it(tmp_path):
-    path = _write(tmp_path, lambda d: d["sources"]["krunkit"].__setitem__("status", "UNVERIFIED"))
+    path = pins_file_with(tmp_path, lambda d: d["sources"]["krunkit"].__setitem__("status", "UNVERIFIED"))
     loaded = pins.load(path)
     with pytest.raises(errors.UnverifiedPin) as exc:
         loaded.require("krunkit", purpose="the krunkit package")

@@ -3,7 +3,6 @@ project's config, deterministic, and semantically what each route needs."""
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from dockerfile_parse import DockerfileParser
 from provision.cli import main
 from provision.core import catalog, errors, pins
 from provision.images import build as images
+from tests.helpers import pins_with
 
 STACKS = sorted(catalog.load().stacks)
 
@@ -137,20 +137,13 @@ def test_labels_carry_the_pins():
             assert f"{pkg}={version}" in rendered("llama-linux").containerfile
 
 
-def _pins_with(tmp_path: Path, mutate) -> pins.Pins:
-    data = json.loads(pins.default_path().read_text())
-    mutate(data)
-    path = tmp_path / "pins.json"
-    path.write_text(json.dumps(data))
-    return pins.load(path)
-
 
 def test_shell_metacharacters_from_pins_never_reach_a_template(tmp_path):
-    bad = _pins_with(tmp_path, lambda d: d["fedora"].__setitem__("mesa_vulkan_drivers", "mesa;curl x|sh"))
+    bad = pins_with(tmp_path, lambda d: d["fedora"].__setitem__("mesa_vulkan_drivers", "mesa;curl x|sh"))
     with pytest.raises(errors.InvalidValue) as exc:
         images.render_stack(catalog.load().get("llama"), bad)
     assert "fedora.mesa_vulkan_drivers" in exc.value.message and "mesa;curl x|sh" in exc.value.message
-    bad = _pins_with(tmp_path, lambda d: d["debian"]["guest_packages"].__setitem__("kmod", "1\nRUN reboot"))
+    bad = pins_with(tmp_path, lambda d: d["debian"]["guest_packages"].__setitem__("kmod", "1\nRUN reboot"))
     with pytest.raises(errors.InvalidValue) as exc:
         images.render_stack(catalog.load().get("cpu"), bad)
     assert "debian.guest_packages.kmod" in exc.value.message
@@ -158,7 +151,7 @@ def test_shell_metacharacters_from_pins_never_reach_a_template(tmp_path):
 
 def test_non_https_source_url_is_rejected(tmp_path):
     with pytest.raises(errors.InvalidValue) as exc:
-        _pins_with(
+        pins_with(
             tmp_path,
             lambda d: d["sources"]["virglrenderer-venus"].__setitem__("url", "http://example.invalid/x.tar.bz2"),
         )

@@ -28,11 +28,9 @@ PATH = "/files/tiny.gguf"
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    root = tmp_path / "cache"
-    monkeypatch.setenv("PROVISION_CACHE", str(root))
+def cache(empty_cache: Path, monkeypatch) -> Path:
     monkeypatch.setattr(models, "BACKOFF_S", 0.01)
-    return root / "models"
+    return empty_cache / "models"
 
 
 @pytest.fixture

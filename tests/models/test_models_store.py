@@ -15,9 +15,8 @@ from provision.models import store as models
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch) -> Path:
-    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
-    return tmp_path / "cache" / "models"
+def cache(empty_cache: Path) -> Path:
+    return empty_cache / "models"
 
 
 def tiny_pin() -> pins.ModelPin:

@@ -14,10 +14,11 @@ from typing import Any
 
 from provision.adapters import lsof, podman_machine
 from provision.adapters.podman_machine import DEFAULT_MACHINE, MachineInfo
+from provision.core.catalog import GPU_ROUTES
 from provision.core.errors import InvalidValue, MemoryLimit, UnknownRoute
 from provision.hosts.darwin.bundle import GGML_METAL_REG, VIRGLRENDERER, KrunBundle
 
-ROUTES = ("venus", "apir")
+ROUTES = GPU_ROUTES
 
 # Host-side variables only the APIR route sets. krunkit inherits podman's environment, so
 # a Venus launch must drop them: VIRGL_ROUTE_VENUS_TO_APIR left over in a shell breaks Venus.

@@ -27,6 +27,7 @@ from provision.hosts.linux import backend as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from provision.models import store as models
+from tests.helpers import run_provision
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +39,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def provision(*args: str, timeout: float = 1200, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *args],
-        capture_output=True,
-        text=True,
-        errors="replace",  # a random model's tokens are not always valid UTF-8
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
+    return run_provision(*args, timeout=timeout, env=env)
 
 
 def qemu_pid(stderr: str) -> int:

@@ -20,6 +20,7 @@ from provision.core.errors import BenchGateFailed, GpuSlotTimeout
 from provision.hosts.linux import accel, slots
 from provision.hosts.linux import backend as linux
 from provision.hosts.linux import disks as vmdisk
+from tests.helpers import run_provision
 
 PVM_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep avx2 bmi2 hypervisor\n"
 VMX_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme vmx avx2 bmi2\n"
@@ -184,18 +185,9 @@ def test_bench_parsing_sections_and_gate(tmp_path: Path) -> None:
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def _provision(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "provision", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
 
 def test_gpu_on_a_stack_without_gpu_is_e007_before_any_vm(tmp_path: Path) -> None:
-    proc = _provision("run", "cpu", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
+    proc = run_provision("run", "cpu", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 17, proc.stderr
     assert "E007" in proc.stderr and "cpu" in proc.stderr
     assert not (tmp_path / "runs").exists() and not (tmp_path / "vm-disks").exists()
@@ -204,7 +196,7 @@ def test_gpu_on_a_stack_without_gpu_is_e007_before_any_vm(tmp_path: Path) -> Non
 def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     empty = tmp_path / "tools"
     empty.mkdir()
-    proc = _provision(
+    proc = run_provision(
         "run",
         "llama-linux",
         "--gpu",
@@ -217,21 +209,21 @@ def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     for what in ("qemu-system-x86_64", "virgl_render_server", "Xvfb", "libvirglrenderer"):
         assert what in proc.stderr
     assert "fix:" in proc.stderr and "PROVISION_HOST_TOOLS" in proc.stderr
-    check = _provision("host-tools", "--check", "--json", env={"PROVISION_HOST_TOOLS": str(empty)})
+    check = run_provision("host-tools", "--check", "--json", env={"PROVISION_HOST_TOOLS": str(empty)})
     assert check.returncode == 1
     failing = {c["id"] for c in json.loads(check.stdout)["checks"] if c["status"] == "fail"}
     assert {"host-tools.qemu", "host-tools.render-server", "host-tools.xvfb", "host-tools.virglrenderer"} <= failing
 
 
 def test_apir_run_without_the_apir_host_build_names_it_before_any_vm(tmp_path: Path) -> None:
-    proc = _provision("run", "llama-apir-linux", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
+    proc = run_provision("run", "llama-apir-linux", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 30, proc.stderr
     assert "E020" in proc.stderr and "provision host-tools --apir" in proc.stderr and "--virgl-src" in proc.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(tmp_path: Path) -> None:
-    proc = _provision("host-tools", "--apir", env={"PROVISION_CACHE": str(tmp_path)})
+    proc = run_provision("host-tools", "--apir", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 52, proc.stderr
     from provision.core import pins
 
