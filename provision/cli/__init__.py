@@ -1,10 +1,11 @@
-"""Thin command line: parse, call one domain function, print, map errors to exit codes.
+"""The thin command line: parse, call one domain function, print, map errors to exit codes.
 
 Each command group lives in its own module with ``register(subparsers)``; the handler it
-sets returns an exit status. Errors are ProvisionError subclasses (provision/errors.py):
+sets returns an exit status. Errors are ProvisionError subclasses (provision/core/errors.py):
 each prints ``E0NN: message`` and a ``fix:`` line (and, with ``--json``, a JSON error on
-stdout). Argument errors are E003. Anything else is a bug: a short report, the traceback
-in a file, exit status ``errors.INTERNAL_ERROR_STATUS``; never a traceback on the terminal.
+stdout). Argument errors are E003. Anything else is a bug: a short report, the traceback in a
+file, exit status ``errors.INTERNAL_ERROR_STATUS``; never a traceback on the terminal.
+May import every package; nothing imports it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,41 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from ..errors import INTERNAL_ERROR_STATUS, INTERRUPTED_STATUS, InvalidValue, ProvisionError
+from provision.core.errors import INTERNAL_ERROR_STATUS, INTERRUPTED_STATUS, InvalidValue, ProvisionError
 
-# Order is the order shown in --help.
+# Order is the order shown in --help. Command modules import nothing heavy at the top:
+# their handlers import the domain they call, so `provision --help` starts fast.
 COMMAND_MODULES = ["stacks", "image", "model", "host_tools", "launch", "run", "bench", "doctor", "ggml", "apir"]
+
+DESCRIPTION = """\
+GPU llama.cpp in Linux guests, from the host's GPU.
+
+provision builds guest images, fetches sha256-verified models, and starts guests that
+reach the host GPU: on macOS a podman machine with krunkit (Venus -> MoltenVK -> Metal,
+or APIR -> ggml-metal); on Linux QEMU + virglrenderer (Venus -> the host's Vulkan driver,
+or APIR -> a host ggml backend). No silent CPU fallback: asking for a GPU on a stack
+without one is refused (E007) before anything starts."""
+
+QUICK_START = """\
+quick start (Linux):
+  sudo provision host-tools                      # QEMU + virglrenderer in a cached chroot
+  sudo provision image llama-linux               # build the guest image
+  provision model synth tiny-llama               # a small real GGUF, made offline
+  sudo provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary
+quick start (macOS):
+  nix profile add .#krun && provision image llama && provision launch
+  provision run llama --gpu --model tiny-llama -- llama-bench -m "$MODEL" -dev Vulkan0
+
+`provision COMMAND --help` shows each command's options and an example."""
+
+# `provision image STACK` is the design card's short form of `provision image build STACK`.
+IMAGE_ACTIONS = ("render", "build")
+
+
+def expand_short_forms(argv: list[str]) -> list[str]:
+    if len(argv) >= 2 and argv[0] == "image" and argv[1] not in IMAGE_ACTIONS and not argv[1].startswith("-"):
+        return ["image", "build", *argv[1:]]
+    return argv
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,7 +67,12 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="provision", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = Parser(
+        prog="provision",
+        description=DESCRIPTION,
+        epilog=QUICK_START,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {importlib.import_module('provision').__version__}"
     )
@@ -65,13 +102,13 @@ def _crash_report(exc: BaseException) -> Path | None:
 
 
 def _crash_dir() -> Path:
-    from .. import paths
+    from provision.core import paths
 
     return paths.cache_dir("crash")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
     want_json = _wants_json(argv)
     try:
         args = build_parser().parse_args(argv)
