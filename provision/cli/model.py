@@ -91,8 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_pull(args: argparse.Namespace) -> int:
     from provision.models import store as models
+    from provision.models.download import check_stall
 
-    stall = models.check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
+    stall = check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
     result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name), stall_s=stall)
     report = {

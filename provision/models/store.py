@@ -16,64 +16,38 @@ an atomic rename only when its size, sha256 and GGUF magic are right.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
-import http.client
-import json
-import math
 import os
-import queue
-import re
-import shutil
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
 
-from provision.adapters import http as web
 from provision.core import outputs, paths
 from provision.core import pins as pins_mod
 from provision.core.errors import (
     BadModelName,
     DiskFull,
-    DownloadFailed,
-    InvalidValue,
     ModelHashMismatch,
-    NotGguf,
     UnknownModel,
 )
-from provision.core.progress import Progress
 from provision.models import synth
-from provision.models.refs import ModelSpec, check_name, resolve, url_refusal
+from provision.models.download import Downloader, check_stall, stall_seconds
+from provision.models.files import fsync_dir as _fsync_dir
+from provision.models.files import has_magic as _has_magic
+from provision.models.files import hash_file as _hash_file
+from provision.models.files import write_json_atomic as _write_json_atomic
+from provision.models.records import DamagedRef, DamagedRefError, Ref, load_ref
+from provision.models.refs import ModelSpec, check_name, resolve
 
 # The catalog's default for users (a real model, pinned but READ: its bytes were never
 # downloaded by this project) and the built-in model for smoke runs and e2e tests (written
 # locally, so the main CI job needs no network).
 DEFAULT_MODEL = "qwen2.5-0.5b-instruct-q4_k_m"
 SMOKE_MODEL = "tiny-llama"
-
-GGUF_MAGIC = b"GGUF"
-READ_SIZE = 1 << 20  # upper bound of one socket read; short reads are written at once
-QUEUE_DEPTH = 32  # chunks waiting between two pipeline stages (bounds memory to ~2 x 32 MiB)
-HASH_BLOCK = 8 << 20
-FLUSH_EVERY = 64 << 20  # fdatasync while downloading, so writeback overlaps the network and hashing
-CONNECT_TIMEOUT_S = 15.0
-STALL_S = 20.0  # no byte for this long: the attempt has stalled (PROVISION_STALL_S, --stall-timeout)
-MAX_STALL_S = 3600.0
-STALL_ENV = "PROVISION_STALL_S"
-MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
-MAX_TOTAL_ATTEMPTS = 40  # attempts in all, however each ended
-BACKOFF_S = 0.5  # doubled after each such attempt, capped at BACKOFF_MAX_S
-BACKOFF_MAX_S = 8.0
-_DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
-_CONTENT_RANGE = re.compile(r"^bytes (?P<start>\d{1,18})-(?P<end>\d{1,18})/(?P<total>\d{1,18}|\*)$")
-
 
 def _is_name(name: str) -> bool:
     try:
@@ -85,37 +59,6 @@ def _is_name(name: str) -> bool:
 
 def catalog_names(pins: pins_mod.Pins | None = None) -> list[str]:
     return sorted((pins or pins_mod.default()).models)
-
-
-@dataclass(frozen=True)
-class Ref:
-    name: str
-    sha256: str
-    size: int
-    source: str
-    pinned: bool
-    pin_status: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class DamagedRef:
-    """A file under refs/ that is no ref the store could have written (edited, truncated, foreign)."""
-
-    name: str
-    path: Path
-    reason: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "path": str(self.path), "damaged": self.reason}
-
-
-class _DamagedRef(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -135,119 +78,6 @@ class VerifyResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "ok": self.ok, "detail": self.detail}
-
-
-class _WriteFailed(Exception):
-    """Writing the partial file failed (as opposed to reading the socket)."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Retry(Exception):
-    """A transient failure: try again (after a pause unless the attempt brought new bytes)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _hash_file(path: Path, limit: int | None = None) -> tuple[Any, int]:
-    """sha256 object and byte count of ``path`` (its first ``limit`` bytes when given)."""
-    h = hashlib.sha256()
-    done = 0
-    buf = bytearray(HASH_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while limit is None or done < limit:
-            want = HASH_BLOCK if limit is None else min(HASH_BLOCK, limit - done)
-            n = f.readinto(view[:want])
-            if not n:
-                break
-            h.update(view[:n])
-            done += n
-    return h, done
-
-
-def _has_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == GGUF_MAGIC
-
-
-def _strong_validator(resp: web.Response) -> str | None:
-    # If-Range needs a strong validator: a strong ETag, else Last-Modified (RFC 9110 13.1.5).
-    etag = resp.header("ETag")
-    if etag and not etag.startswith("W/"):
-        return etag
-    return resp.header("Last-Modified")
-
-
-def _content_range(value: str | None) -> tuple[int, int, int | None] | None:
-    """(start, end, total) from "bytes START-END/TOTAL" (TOTAL may be "*"); None when malformed."""
-    m = _CONTENT_RANGE.match(value or "")
-    if not m:
-        return None
-    start, end = int(m["start"]), int(m["end"])
-    total = None if m["total"] == "*" else int(m["total"])
-    if end < start or (total is not None and end >= total):
-        return None
-    return start, end, total
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def _summarize(history: list[str]) -> str:
-    """Distinct reasons, most recent last, with how often each happened."""
-    counts: dict[str, int] = {}
-    for reason in history:
-        counts[reason] = counts.pop(reason, 0) + 1  # re-inserted: the order is by last occurrence
-    return "; ".join(f"{r} (x{n})" if n > 1 else r for r, n in counts.items())
-
-
-def check_stall(value: float, what: str) -> float:
-    if not math.isfinite(value) or value <= 0 or value > MAX_STALL_S:
-        raise InvalidValue(
-            f"{what} {value!r}: must be a number of seconds above 0 and at most {MAX_STALL_S:g}",
-            fix=f"e.g. {what} {STALL_S:g}",
-        )
-    return value
-
-
-def stall_seconds() -> float:
-    """How long a pull waits for the next byte before it counts the attempt as stalled."""
-    raw = os.environ.get(STALL_ENV)
-    if raw is None:
-        return STALL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidValue(f"{STALL_ENV}={raw!r}: not a number of seconds", fix=f"e.g. {STALL_ENV}=20") from None
-    return check_stall(value, STALL_ENV)
 
 
 class Store:
@@ -290,43 +120,13 @@ class Store:
 
     # --- refs ---------------------------------------------------------------------------------
 
-    def _load_ref(self, path: Path) -> Ref:
-        """The ref stored at ``path``; _DamagedRef when it is not one the store could have written."""
-        try:
-            text = path.read_bytes().decode("utf-8")
-        except UnicodeDecodeError:
-            raise _DamagedRef("not UTF-8 text") from None
-        except OSError as exc:
-            raise _DamagedRef(f"unreadable ({exc.strerror or exc})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise _DamagedRef(f"not JSON ({exc.msg} at line {exc.lineno})") from None
-        if not isinstance(data, dict):
-            raise _DamagedRef("not a JSON object")
-        missing = [k for k in Ref.__dataclass_fields__ if k not in data]
-        if missing:
-            raise _DamagedRef(f"missing {', '.join(missing)}")
-        checks = {
-            "name": data["name"] == path.stem,
-            "sha256": isinstance(data["sha256"], str) and _SHA256_HEX.match(data["sha256"]) is not None,
-            "size": isinstance(data["size"], int) and not isinstance(data["size"], bool) and data["size"] >= 0,
-            "source": isinstance(data["source"], str) and bool(data["source"]),
-            "pinned": isinstance(data["pinned"], bool),
-            "pin_status": data["pin_status"] is None or isinstance(data["pin_status"], str),
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise _DamagedRef("bad " + ", ".join(f"{k}={data[k]!r}"[:80] for k in bad))
-        return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
-
     def ref(self, name: str) -> Ref | None:
         path = self._ref_path(name)
         if not (path.exists() or path.is_symlink()):
             return None
         try:
-            return self._load_ref(path)
-        except _DamagedRef as exc:
+            return load_ref(path)
+        except DamagedRefError as exc:
             raise ModelHashMismatch(
                 f"{path}: damaged ref ({exc.reason})", fix=f"provision model rm {name}, then pull it again"
             ) from None
@@ -339,8 +139,8 @@ class Store:
             if not _is_name(path.stem):
                 continue  # not written by the store
             try:
-                good.append(self._load_ref(path))
-            except _DamagedRef as exc:
+                good.append(load_ref(path))
+            except DamagedRefError as exc:
                 damaged.append(DamagedRef(path.stem, path, exc.reason))
         return good, damaged
 
@@ -408,293 +208,9 @@ class Store:
             reused = self._reusable(spec)  # re-verified; another process may have finished it while we waited
             if reused:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
-            sha256, size, fetched = self._download(spec, key, stall)
+            sha256, size, fetched = Downloader(self).download(spec, key, stall)
             ref = self._write_ref(spec, sha256, size)
             return PullResult(ref, self.blob_path(sha256), fetched, False)
-
-    def _download(self, spec: ModelSpec, key: str, stall: float) -> tuple[str, int, int]:
-        """Attempts until the file is whole, or the budget is spent.
-
-        An attempt counts as progress only when the partial file grows past the most it ever
-        held in this pull (its high-water mark): a server that restarts from zero (ignores
-        Range, or answers it with a 206 from byte 0) and dies half-way makes no progress, so
-        it cannot keep a pull going forever. MAX_ATTEMPTS failures in a row, or
-        MAX_TOTAL_ATTEMPTS attempts in all, end the pull with E012 naming what the server did.
-        """
-        partial, meta_path = self._partial(key)
-        meta = self._load_meta(meta_path, spec)
-        if meta is None:
-            partial.unlink(missing_ok=True)
-            meta = {"url": spec.url, "sha256": spec.sha256, "validator": None}
-        high_water = partial.stat().st_size if partial.exists() else 0
-        received = [0]  # body bytes that came over the network in this call
-        failures = 0
-        history: list[str] = []
-        for attempt in range(1, MAX_TOTAL_ATTEMPTS + 1):
-            try:
-                return self._attempt(spec, partial, meta_path, meta, received, stall)
-            except _Retry as retry:
-                after = partial.stat().st_size if partial.exists() else 0
-                progressed = after > high_water
-                high_water = max(high_water, after)
-                failures = 0 if progressed else failures + 1
-                history.append(retry.reason)
-                if failures >= MAX_ATTEMPTS or attempt == MAX_TOTAL_ATTEMPTS:
-                    why = (
-                        f"{MAX_ATTEMPTS} attempts in a row brought no new byte"
-                        if failures >= MAX_ATTEMPTS
-                        else f"{MAX_TOTAL_ATTEMPTS} attempts in all"
-                    )
-                    raise DownloadFailed(
-                        f"{spec.url}: gave up after {attempt} attempts ({why}); what the server did: "
-                        f"{_summarize(history)}; {after} bytes kept in {partial} for the next pull",
-                        fix="check the URL and the server (or the network), then run the pull again: it resumes",
-                    ) from None
-                pause = 0.0 if progressed else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
-                self._say(
-                    f"{spec.name}: attempt {attempt}: {retry.reason}; "
-                    + (f"retrying in {pause:.1f}s" if pause else "resuming")
-                )
-                time.sleep(pause)
-        raise AssertionError("unreachable: the loop returns or raises")
-
-    @staticmethod
-    def _load_meta(meta_path: Path, spec: ModelSpec) -> dict[str, Any] | None:
-        try:
-            meta: Any = json.loads(meta_path.read_bytes().decode("utf-8"))
-        except (OSError, ValueError):  # missing, not UTF-8 or not JSON: start afresh
-            return None
-        # A partial only continues the same URL with the same expectation.
-        if not isinstance(meta, dict) or meta.get("url") != spec.url or meta.get("sha256") != spec.sha256:
-            return None
-        return meta
-
-    def _attempt(
-        self, spec: ModelSpec, partial: Path, meta_path: Path, meta: dict[str, Any], received: list[int], stall: float
-    ) -> tuple[str, int, int]:
-        """One request: resume or restart the partial file, stream the body, then promote it."""
-        offset = partial.stat().st_size if partial.exists() else 0
-        with self._request(spec, offset, meta, stall) as resp:
-            start, total = self._accept(spec, resp, offset, partial)
-            if resp.status == 200 or not meta.get("validator"):
-                meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
-            _write_json_atomic(meta_path, meta)
-            if start:
-                hasher, hashed = _hash_file(partial, start)  # hashlib state cannot be saved: re-read
-                if hashed != start:
-                    raise _Retry("the partial file shrank while resuming")
-            else:
-                hasher = hashlib.sha256()
-            progress = Progress(spec.name, total, start=start, stream=self.out)
-            done = start
-            try:
-                with open(partial, "r+b" if start else "wb", buffering=0) as f:
-                    f.truncate(start)
-                    f.seek(start)
-                    done = self._stream(resp, f, hasher, start, progress, check_magic=start == 0)
-                    if total is not None and done < total:
-                        raise _Retry(f"connection closed after byte {done} of {total}")
-                    try:
-                        os.fsync(f.fileno())
-                    except OSError as exc:
-                        raise _WriteFailed(exc) from None
-            except _WriteFailed as failed:
-                partial.unlink(missing_ok=True)
-                meta_path.unlink(missing_ok=True)
-                err = failed.error
-                if err.errno in _DISK_ERRNOS:
-                    raise DiskFull(
-                        f"writing {partial}: {os.strerror(err.errno or 0)} (disk full or file size limit); "
-                        "nothing was stored",
-                        fix="free space, raise the file size limit (ulimit -f) or move the cache (PROVISION_CACHE)",
-                    ) from None
-                raise DownloadFailed(f"writing {partial}: {err}; nothing was stored") from None
-            except (NotGguf, ModelHashMismatch):
-                partial.unlink(missing_ok=True)
-                meta_path.unlink(missing_ok=True)
-                raise
-            except TimeoutError:  # from the socket: keep what arrived
-                raise _Retry(f"stalled: no byte for {stall:g}s after byte {_size(partial)}") from None
-            except (OSError, http.client.HTTPException) as exc:
-                raise _Retry(f"connection lost after byte {_size(partial)}: {exc or type(exc).__name__}") from None
-            finally:
-                received[0] += max(_size(partial) - start, 0)
-            progress.finish()
-        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, received[0])
-
-    @staticmethod
-    def _request(spec: ModelSpec, offset: int, meta: dict[str, Any], stall: float) -> web.Response:
-        assert spec.url is not None
-        headers = {}
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-            if meta.get("validator"):
-                # The server sends the rest only if the file is unchanged, else all of it (200).
-                headers["If-Range"] = str(meta["validator"])
-        try:
-            return web.get(
-                spec.url,
-                headers=headers,
-                connect_timeout=min(CONNECT_TIMEOUT_S, max(stall, 1.0)),
-                read_timeout=stall,
-                allow=url_refusal,
-            )
-        except web.HttpError as exc:
-            raise DownloadFailed(str(exc)) from None
-        except TimeoutError:
-            raise _Retry(f"no answer within {stall:g}s (connected, but the server sent nothing)") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise _Retry(f"request failed: {exc or type(exc).__name__}") from None
-
-    def _accept(self, spec: ModelSpec, resp: web.Response, offset: int, partial: Path) -> tuple[int, int | None]:
-        """Decide from the status where the body starts; return (start, total size if known).
-
-        ``start`` is ``offset`` for a proper resume, 0 for a restart (a 200, or a 206 from byte 0).
-        A Content-Range that is neither is refused without touching the partial file.
-        """
-        status = resp.status
-        if status == 416 and offset:
-            partial.unlink()  # our partial is not a prefix the server knows: start again
-            raise _Retry(f"the server refused the resume range bytes={offset}- (416); restarting from 0")
-        if status >= 500 or status in (408, 429):
-            raise _Retry(f"HTTP {status} {resp.reason}")
-        if status not in (200, 206):
-            raise DownloadFailed(f"{spec.url}: HTTP {status} {resp.reason}", fix="check the URL (and --sha256)")
-        total: int | None
-        if status == 206:
-            got = resp.header("Content-Range")
-            span = _content_range(got)
-            length = resp.content_length
-            if span is None or span[0] not in (offset, 0) or (length is not None and length != span[1] - span[0] + 1):
-                raise _Retry(f"wrong Content-Range {got!r} for Range bytes={offset}- (Content-Length {length})")
-            start, _end, total = span
-            if start != offset:
-                self._say(f"{spec.name}: the server answered Range bytes={offset}- from byte 0; starting from 0")
-        else:
-            start = 0
-            total = resp.content_length
-            if offset:
-                self._say(f"{spec.name}: the server sent all of it (Range ignored or file changed); starting from 0")
-        if spec.size is not None and total is not None and total != spec.size:
-            raise ModelHashMismatch(
-                f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}; nothing was stored"
-            )
-        total = total if total is not None else spec.size
-        if total is not None:
-            need = total - start
-            free = shutil.disk_usage(partial.parent).free
-            if need > free:
-                raise DiskFull(
-                    f"{spec.name} needs {need} more bytes in {partial.parent}, only {free} are free",
-                    fix="free some space or move the cache (PROVISION_CACHE)",
-                )
-        return start, total
-
-    @staticmethod
-    def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
-        """A pipeline of threads: socket reads (here) → hashing → writing → periodic disk flushes.
-
-        recv, hashlib, file writes and fdatasync all drop the GIL, so the stages overlap and a pull
-        runs at about the speed of its slowest stage. Chunks are written as soon as they arrive:
-        bytes this process received survive its being killed. Flushing every FLUSH_EVERY bytes
-        while the download runs leaves little for the final fsync.
-        """
-        to_hash: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
-        to_write: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
-        failure: list[BaseException] = []
-        flush_wanted = threading.Event()
-        finished = threading.Event()
-
-        def hash_stage() -> None:
-            while (chunk := to_hash.get()) is not None:
-                if not failure:  # after an error keep draining so no producer blocks on a full queue
-                    try:
-                        hasher.update(chunk)
-                    except BaseException as exc:
-                        failure.append(exc)
-                to_write.put(chunk)
-            to_write.put(None)
-
-        def write_stage() -> None:
-            unflushed = 0
-            while (chunk := to_write.get()) is not None:
-                if failure:
-                    continue
-                try:
-                    view = memoryview(chunk)
-                    while view:  # a raw file may write less than asked (e.g. at a size limit)
-                        view = view[f.write(view) :]
-                except OSError as exc:  # handed to the reader thread below
-                    failure.append(_WriteFailed(exc))
-                except BaseException as exc:
-                    failure.append(exc)
-                unflushed += len(chunk)
-                if unflushed >= FLUSH_EVERY:
-                    unflushed = 0
-                    flush_wanted.set()
-
-        def flush_stage() -> None:
-            while not finished.is_set():
-                if flush_wanted.wait(0.2):
-                    flush_wanted.clear()
-                    try:
-                        os.fdatasync(f.fileno())
-                    except OSError as exc:
-                        failure.append(_WriteFailed(exc))
-                        return
-
-        stages = [
-            threading.Thread(target=t, name=f"model-{t.__name__}", daemon=True) for t in (hash_stage, write_stage)
-        ]
-        flush = threading.Thread(target=flush_stage, name="model-flush", daemon=True)
-        for thread in (*stages, flush):
-            thread.start()
-        head = b""
-        try:
-            while not failure:
-                chunk = resp.read1(READ_SIZE)
-                if not chunk:
-                    break
-                if check_magic and len(head) < 4:
-                    head += chunk[:4]
-                    if len(head) >= 4 and head[:4] != GGUF_MAGIC:
-                        raise NotGguf(f"{resp.url} does not start with the GGUF magic (got {head[:4]!r})")
-                to_hash.put(chunk)
-                done += len(chunk)
-                progress.update(done)
-        finally:
-            to_hash.put(None)
-            for thread in stages:
-                thread.join()
-            finished.set()
-            flush.join()
-        if failure:
-            raise failure[0]
-        return done
-
-    def _promote(
-        self, spec: ModelSpec, partial: Path, meta_path: Path, sha256: str, size: int, fetched: int
-    ) -> tuple[str, int, int]:
-        def discard() -> None:
-            partial.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
-
-        if spec.size is not None and size != spec.size:
-            discard()
-            raise ModelHashMismatch(f"{spec.url}: got {size} bytes, expected {spec.size}; nothing was stored")
-        if spec.sha256 is not None and sha256 != spec.sha256:
-            discard()
-            raise ModelHashMismatch(
-                f"{spec.url}: sha256 of the {size} bytes received is {sha256}, expected {spec.sha256}; "
-                "nothing was stored (partial file removed)",
-                fix="check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
-            )
-        if not _has_magic(partial):
-            discard()
-            raise NotGguf(f"{spec.url}: the downloaded file does not start with the GGUF magic; nothing was stored")
-        self._install_blob(partial, sha256)
-        meta_path.unlink(missing_ok=True)
-        return sha256, size, fetched
 
     def _install_blob(self, tmp: Path, sha256: str) -> Path:
         # Replace rather than keep an existing blob: these bytes were just verified, and a blob of

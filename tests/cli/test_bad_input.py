@@ -32,6 +32,7 @@ import pytest
 
 from provision import cli
 from provision.core import errors
+from provision.models import download
 from provision.models import store as models
 from tests.cli.bad_input_cases import CASES, DEFECTS, Case
 from tests.models import models_http
@@ -213,19 +214,19 @@ class Harness:
 
 @contextlib.contextmanager
 def _environment(env: dict[str, str], cwd: Path) -> Iterator[None]:
-    saved, here, backoff = dict(os.environ), os.getcwd(), models.BACKOFF_S
+    saved, here, backoff = dict(os.environ), os.getcwd(), download.BACKOFF_S
     for key in ("HF_ENDPOINT", "PROVISION_STALL_S"):
         os.environ.pop(key, None)
     os.environ.update(env)
     os.chdir(cwd)
-    models.BACKOFF_S = 0.01
+    download.BACKOFF_S = 0.01
     try:
         yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
         os.chdir(here)
-        models.BACKOFF_S = backoff
+        download.BACKOFF_S = backoff
 
 
 def _in_process(argv: list[str], env: dict[str, str], root: Path) -> tuple[int | str, str, str]:

@@ -17,6 +17,7 @@ import pytest
 from provision import cli
 from provision.core import errors
 from provision.core.pins import default as default_pins
+from provision.models import download
 from provision.models import store as models
 from provision.models.refs import check_name, resolve
 from tests.models import models_http
@@ -29,7 +30,7 @@ PATH = "/files/tiny.gguf"
 
 @pytest.fixture
 def cache(empty_cache: Path, monkeypatch) -> Path:
-    monkeypatch.setattr(models, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
     return empty_cache / "models"
 
 
@@ -141,7 +142,7 @@ def test_persistent_500_gives_up_with_e012(cache, server, capsys):
     server.plans = ["status:500"] * 10
     assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
     assert "HTTP 500" in capsys.readouterr().err
-    assert len(server.requests) == models.MAX_ATTEMPTS
+    assert len(server.requests) == download.MAX_ATTEMPTS
 
 
 def test_truncated_body_is_resumed_with_range(cache, server):
@@ -192,7 +193,7 @@ def test_server_restarting_from_zero_and_closing_halfway_ends_in_e012_naming_it(
     server.plans = [f"restart_close:{SIZE // 2}"] * 50
     assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
     err = capsys.readouterr().err
-    assert len(server.requests) == 1 + models.MAX_ATTEMPTS  # one attempt made progress, then 5 did not
+    assert len(server.requests) == 1 + download.MAX_ATTEMPTS  # one attempt made progress, then 5 did not
     assert "starting from 0" in err and f"connection closed after byte {SIZE // 2} of {SIZE} (x6)" in err
     assert stored(cache)["blobs"] == [] and stored(cache)["refs"] == []
 
@@ -222,12 +223,12 @@ def test_a_server_that_never_answers_ends_in_e012_with_each_attempt_shown(cache,
     assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
     assert time.monotonic() - t0 < 10
     err = capsys.readouterr().err
-    assert err.count("the server sent nothing") >= models.MAX_ATTEMPTS
+    assert err.count("the server sent nothing") >= download.MAX_ATTEMPTS
     assert "tiny: attempt 1: no answer within 0.2s" in err
 
 
 def test_the_total_attempt_budget_ends_a_pull_that_only_creeps_forward(cache, server, monkeypatch, capsys):
-    monkeypatch.setattr(models, "MAX_TOTAL_ATTEMPTS", 4)
+    monkeypatch.setattr(download, "MAX_TOTAL_ATTEMPTS", 4)
     server.plans = [f"truncate_at:{k * 1000}" for k in range(1, 10)]
     assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
     assert "gave up after 4 attempts (4 attempts in all)" in capsys.readouterr().err
