@@ -53,6 +53,8 @@ def check_target(target: Path, flag: str, *, force: bool, ours: Callable[[Path],
     if target.is_dir():
         raise InvalidValue(f"{flag} {target} is a directory, not a file", fix=f"name a file with {flag}")
     exists = target.exists() or target.is_symlink()
+    if target.exists() and not target.is_file():  # a device, a FIFO, a socket: never ours to replace
+        raise InvalidValue(f"{flag} {target} is not a regular file; it is left alone", fix=f"name a file with {flag}")
     if exists and not force and not ours(target):
         raise InvalidValue(
             f"{flag} {target} exists and was not written by provision; it is left as it is",

@@ -92,6 +92,8 @@ RENDERED_MARK = "# Rendered by provision from "
 
 
 def _rendered_by_us(path: Path) -> bool:
+    if not path.is_file():  # opening a FIFO would block
+        return False
     try:
         with open(path, encoding="utf-8") as f:
             return f.readline().startswith(RENDERED_MARK)
@@ -100,6 +102,8 @@ def _rendered_by_us(path: Path) -> bool:
 
 
 def _same_text(path: Path, text: str) -> bool:
+    if not path.is_file():
+        return False
     try:
         return path.read_text(encoding="utf-8") == text
     except (OSError, UnicodeDecodeError):

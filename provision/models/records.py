@@ -48,6 +48,8 @@ class DamagedRefError(Exception):
 
 def load_ref(path: Path) -> Ref:
     """The ref stored at ``path``; DamagedRefError when it is not one the store could have written."""
+    if not path.is_file():  # a FIFO would block the reader, a directory cannot be read
+        raise DamagedRefError("not a regular file")
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:

@@ -99,6 +99,11 @@ def _cache_is_file(root: Path) -> dict[str, str]:
     return {"PROVISION_CACHE": str(root / "cachefile")}
 
 
+def _fifo_containerfile(root: Path) -> None:
+    (root / "work" / "fifo-dir").mkdir()
+    os.mkfifo(root / "work" / "fifo-dir" / "Containerfile")
+
+
 WRONG_FIELDS = {"name": "broken", "sha256": "zz", "size": -1, "source": "", "pinned": "yes", "pin_status": None}
 SETUPS: dict[str, Callable[[Path], dict[str, str] | None]] = {
     "broken_catalog": lambda r: _write(r / "work" / "broken.yaml", "stacks: [\n  - {name: x\n"),
@@ -115,6 +120,8 @@ SETUPS: dict[str, Callable[[Path], dict[str, str] | None]] = {
     "empty_store": _empty_store,
     "cache_is_file": lambda r: _cache_is_file(r),
     "cache_under_file": lambda r: {"PROVISION_CACHE": str(r / "work" / "notes.txt" / "cache")},
+    "fifo": lambda r: os.mkfifo(r / "work" / "pipe"),
+    "fifo_containerfile": lambda r: _fifo_containerfile(r),
 }
 
 
@@ -127,6 +134,8 @@ def snapshot(root: Path) -> dict[str, str]:
             rel = str(path.relative_to(root))
             if path.is_symlink():
                 out[rel] = "link:" + os.readlink(path)
+            elif not path.is_file():  # a FIFO or socket: reading it would block
+                out[rel] = f"special:{path.stat().st_mode:o}"
             else:
                 out[rel] = hashlib.sha256(path.read_bytes()).hexdigest() + f":{path.stat().st_mode:o}"
     return out
