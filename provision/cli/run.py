@@ -12,7 +12,7 @@ from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, example
 from provision.core import values
-from provision.core.errors import UnknownModel
+from provision.core.errors import InvalidValue, UnknownModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -58,6 +58,12 @@ def resolve_model(ref: str | None) -> Path | None:
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
+    if p.exists():
+        raise InvalidValue(f"--model {ref}: not a regular file", fix="give the path of a GGUF file, or a store name")
+    if "/" in ref or ref.lower().endswith(".gguf"):
+        raise UnknownModel(
+            f"--model {ref}: no such file", fix="give the path of a GGUF file, or a store name (provision model list)"
+        )
     try:
         models = importlib.import_module("provision.models.store")
     except ModuleNotFoundError:

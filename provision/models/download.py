@@ -167,7 +167,8 @@ class Downloader:
                     )
                     raise DownloadFailed(
                         f"{spec.url}: gave up after {attempt} attempts ({why}); what the server did: "
-                        f"{_summarize(history)}; {after} bytes kept in {partial} for the next pull",
+                        f"{_summarize(history)}"
+                        + (f"; {after} bytes kept in {partial} for the next pull" if after else ""),
                         fix="check the URL and the server (or the network), then run the pull again: it resumes",
                     ) from None
                 pause = 0.0 if progressed else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)

@@ -318,6 +318,11 @@ class Store:
             ref = self.ref(name)
         except ModelHashMismatch:  # a damaged ref: remove the file; no blob can be attributed to it
             reason = next((d.reason for d in self.scan()[1] if d.name == name), "damaged")
+            if path.is_dir() and not path.is_symlink():
+                raise ModelHashMismatch(
+                    f"{path} is a directory, not a ref; provision did not make it and leaves it alone",
+                    fix=f"look inside, then remove it by hand: rm -r {path}",
+                ) from None
             path.unlink()
             return DamagedRef(name, path, reason)
         if ref is None:

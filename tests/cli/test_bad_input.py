@@ -120,6 +120,7 @@ SETUPS: dict[str, Callable[[Path], dict[str, str] | None]] = {
     "empty_store": _empty_store,
     "cache_is_file": lambda r: _cache_is_file(r),
     "cache_under_file": lambda r: {"PROVISION_CACHE": str(r / "work" / "notes.txt" / "cache")},
+    "ref_is_directory": lambda r: _ref(r, "dirref").mkdir(),
     "fifo": lambda r: os.mkfifo(r / "work" / "pipe"),
     "fifo_containerfile": lambda r: _fifo_containerfile(r),
 }
