@@ -333,3 +333,19 @@ def test_upstream_facts_refuses_a_folder_that_is_not_a_clone(tmp_path: Path) -> 
     assert proc.returncode == 2
     assert "not a git clone" in proc.stderr and "fix:" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "o.json").exists()
+
+
+def test_upstream_facts_refuses_a_clone_without_the_pin_unless_told_what_to_read(tmp_path: Path) -> None:
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    git = ["git", "-C", str(clone), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    args = ["python3", str(REPO / "checks" / "upstream-facts")]
+    for name in ("libkrun", "krunkit", "virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-venus"):
+        args += [f"--{name}", str(clone)]
+    args += ["--nixpkgs", str(tmp_path), "--out", str(tmp_path / "o.json"), "--stub-out", str(tmp_path / "s.json")]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "lacks the pinned" in proc.stderr and "fix:" in proc.stderr
+    assert not (tmp_path / "o.json").exists()
