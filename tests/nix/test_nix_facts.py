@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from provision import pins as pins_mod
+from provision.core import pins as pins_mod
 
 from .nix_facts import (
     REPO,
