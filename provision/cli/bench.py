@@ -6,16 +6,18 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import bench, catalog
-from ..errors import VmFailed
-from ..hosts import linux
-from ..paths import cache_dir
-from .output import dumps, table
-from .run import resolve_model
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import values
+from provision.core.errors import InvalidValue, VmFailed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native",
+        epilog=example("provision bench llama-linux --model tiny-llama --out out/bench"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument("stack")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
@@ -29,6 +31,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.apir import route as apir_route
+    from provision.bench import report as bench
+    from provision.cli.run import resolve_model
+    from provision.core import catalog
+    from provision.core.paths import cache_dir
+    from provision.hosts.linux import backend as linux
+
+    values.seconds(args.timeout, "--timeout")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise InvalidValue(f"--out {args.out} is a file; it must name a directory", fix="name a directory with --out")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
     model = resolve_model(args.model)
@@ -36,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     assert model is not None
     backend = linux.backend()
     apir = stack.route == "apir"
-    places = linux.APIR_GUEST_PLACES if apir else linux.GUEST_PLACES
+    places = apir_route.GUEST_BENCH_PLACES if apir else linux.GUEST_PLACES
     runs = [(stack, places)]
     if apir and not args.no_venus:
         # The same model on the Venus route, in the same invocation: APIR vs Venus vs CPU vs host.

@@ -13,18 +13,22 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import bundle as bundle_mod
-from .. import doctor, machine_state, pins
-from ..adapters.podman_machine import DEFAULT_MACHINE
-from ..errors import WrongPlatform
-from ..hosts.darwin import DarwinBackend, observe_machine
-from ..launch import ROUTES, LaunchRequest, plan_launch
-from .output import dumps
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.core import values
+from provision.core.errors import WrongPlatform
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="start the podman machine (krunkit) on the venus or apir route (macOS)")
-    p.add_argument("--route", choices=ROUTES, default="venus")
+    from provision.adapters.podman_machine import DEFAULT_MACHINE
+    from provision.core.catalog import GPU_ROUTES
+
+    p = sub.add_parser(
+        "launch",
+        help="start the podman machine (krunkit) on the venus or apir route (macOS)",
+        epilog=example("provision launch", "provision launch --route apir --dry-run"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("--route", choices=GPU_ROUTES, default="venus")
     p.add_argument("--machine", default=DEFAULT_MACHINE)
     p.add_argument("--cpus", type=int, default=None)
     p.add_argument("--memory", type=int, default=None, metavar="MiB", help="guest RAM (krunkit caps it at 61440)")
@@ -43,6 +47,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import pins
+    from provision.doctor import checks as doctor
+    from provision.hosts.darwin import bundle as bundle_mod
+    from provision.hosts.darwin import machine_state
+    from provision.hosts.darwin.backend import DarwinBackend, observe_machine
+    from provision.hosts.darwin.launch import LaunchRequest, check_memory, plan_launch
+
+    if not args.dry_run:  # a plan may be for another Mac; a launch runs here
+        values.int_range(args.cpus, "--cpus", 1, os.cpu_count() or 1, why="the CPUs of this host")
     request = LaunchRequest(
         route=args.route,
         machine=args.machine,
@@ -51,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         vram_mib=args.vram if args.vram is not None else doctor.default_vram_mib(),
         apir_log_dir=args.apir_log_dir,
     )
+    check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
     if args.dry_run:
         env = dict(os.environ)
         b = bundle_mod.locate(args.krun, env=env)

@@ -4,53 +4,98 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from .. import models
-from ..errors import ModelHashMismatch
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import outputs
+from provision.core.errors import ModelHashMismatch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="the model store: pull, list, verify, rm, path, synth")
+    p = sub.add_parser(
+        "model",
+        help="the model store: pull, list, verify, rm, path, synth",
+        epilog=example("provision model synth tiny-llama", "provision model list"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 
-    pull = msub.add_parser("pull", help="download a model, verify its sha256 and store it")
+    pull = msub.add_parser(
+        "pull",
+        help="download a model, verify its sha256 and store it",
+        epilog=example("provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
     pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
+    pull.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        help="retry when no byte arrived for S seconds (default 20, or $PROVISION_STALL_S)",
+    )
     pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
-    lst = msub.add_parser("list", help="catalog models and what the store holds")
+    lst = msub.add_parser(
+        "list",
+        help="catalog models and what the store holds",
+        epilog=example("provision model list --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     lst.add_argument("--json", action="store_true", help="machine-readable output")
     lst.set_defaults(func=run_list)
 
-    ver = msub.add_parser("verify", help="re-hash stored models against their sha256")
+    ver = msub.add_parser(
+        "verify",
+        help="re-hash stored models against their sha256",
+        epilog=example("provision model verify tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
     ver.add_argument("--json", action="store_true", help="machine-readable output")
     ver.set_defaults(func=run_verify)
 
-    rm = msub.add_parser("rm", help="remove a name (and its blob when no other name uses it)")
+    rm = msub.add_parser(
+        "rm",
+        help="remove a name (and its blob when no other name uses it)",
+        epilog=example("provision model rm tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     rm.add_argument("name")
     rm.add_argument("--json", action="store_true", help="machine-readable output")
     rm.set_defaults(func=run_rm)
 
-    path = msub.add_parser("path", help="print the stored file of a model")
+    path = msub.add_parser(
+        "path",
+        help="print the stored file of a model",
+        epilog=example("provision model path tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     path.add_argument("name")
     path.add_argument("--json", action="store_true", help="machine-readable output")
     path.set_defaults(func=run_path)
 
-    syn = msub.add_parser("synth", help="write a synthetic model (tiny-llama) and check it against its pin")
-    syn.add_argument("name", metavar="NAME", help="synthetic catalog model, e.g. " + models.SMOKE_MODEL)
-    syn.add_argument("--output", type=Path, help="write here instead of into the store")
+    syn = msub.add_parser(
+        "synth",
+        help="write a synthetic model (tiny-llama) and check it against its pin",
+        epilog=example("provision model synth tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
+    syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
+    syn.add_argument("--force", action="store_true", help="replace an existing --output file")
     syn.add_argument("--json", action="store_true", help="machine-readable output")
     syn.set_defaults(func=run_synth)
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+    from provision.models.download import check_stall
+
+    stall = check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
-    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name))
+    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name), stall_s=stall)
     report = {
         **result.ref.as_dict(),
         "path": str(result.path),
@@ -76,9 +121,12 @@ def _pin_note(status: str | None, synth: str | None) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
     rows: list[dict[str, object]] = []
-    stored = {r.name: r for r in store.refs()}
+    good, damaged = store.scan()
+    stored = {r.name: r for r in good}
     for name in models.catalog_names(store.pins):
         pin = store.pins.models[name]
         ref = stored.pop(name, None)
@@ -107,6 +155,20 @@ def run_list(args: argparse.Namespace) -> int:
             "pin_status": ref.pin_status,
             "note": _pin_note(ref.pin_status if ref.pinned else None, None),
         })  # fmt: skip
+    for bad in damaged:
+        rows.append({
+            "name": bad.name,
+            "catalog": bad.name in store.pins.models,
+            "default": False,
+            "smoke_default": False,
+            "stored": False,
+            "sha256": None,
+            "size": None,
+            "source": None,
+            "pin_status": None,
+            "damaged": bad.reason,
+            "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
+        })  # fmt: skip
     if args.json:
         print(dumps({"store": str(store.root), "models": rows}))
         return 0
@@ -121,8 +183,14 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
-    names = [args.name] if args.name else [r.name for r in store.refs()]
+    if args.name:
+        names = [args.name]
+    else:
+        good, damaged = store.scan()
+        names = sorted([r.name for r in good] + [d.name for d in damaged])
     results = [store.verify(n) for n in names]
     if args.json:
         print(dumps([r.as_dict() for r in results]))
@@ -135,7 +203,8 @@ def run_verify(args: argparse.Namespace) -> int:
     if bad:
         print(
             ModelHashMismatch(
-                "; ".join(f"{r.name}: {r.detail}" for r in bad), fix="provision model rm NAME, then pull it again"
+                "; ".join(f"{r.name}: {r.detail}" for r in bad),
+                fix=f"provision model rm {bad[0].name}, then pull (or synth) it again",
             ).render(),
             file=sys.stderr,
         )
@@ -144,22 +213,33 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_rm(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     ref = models.Store().remove(args.name)
-    print(dumps({"removed": ref.as_dict()}) if args.json else f"removed {ref.name} (sha256 {ref.sha256})")
+    if isinstance(ref, models.DamagedRef):
+        text = f"removed the damaged ref {ref.name} ({ref.reason})"
+    else:
+        text = f"removed {ref.name} (sha256 {ref.sha256})"
+    print(dumps({"removed": ref.as_dict()}) if args.json else text)
     return 0
 
 
 def run_path(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     path = models.Store().path(args.name)
     print(dumps({"name": args.name, "path": str(path)}) if args.json else path)
     return 0
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
+    output = outputs.output_path(args.output, "--output")
     store = models.Store()
-    if args.output:
-        sha256, size = store.synth_to(args.name, args.output)
-        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(args.output)}
+    if output is not None:
+        sha256, size = store.synth_to(args.name, output, force=args.force)
+        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(output)}
     else:
         result = store.synth(args.name)
         report = {"name": args.name, "sha256": result.ref.sha256, "size": result.ref.size, "path": str(result.path)}

@@ -10,13 +10,18 @@ import argparse
 import importlib
 from pathlib import Path
 
-from .. import catalog
-from ..errors import UnknownModel
-from ..hosts import native_backend
+from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.core import values
+from provision.core.errors import InvalidValue, UnknownModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)")
+    p = sub.add_parser(
+        "run",
+        help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+        epilog=example("provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     _options(p)
     p.add_argument("stack")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
@@ -38,21 +43,29 @@ def split_command(args: argparse.Namespace) -> list[str]:
     i = rest.index("--")
     opts, cmd = rest[:i], rest[i + 1 :]
     if opts:
-        late = argparse.ArgumentParser(prog="provision run STACK", add_help=False)
+        from provision.cli import Parser  # E003 for a bad late option, like every other argument error
+
+        late = Parser(prog="provision run STACK", add_help=False)
         _options(late)
         late.parse_args(opts, namespace=args)
     return cmd
 
 
 def resolve_model(ref: str | None) -> Path | None:
-    """A GGUF path as given, else a store name through the verified model store (provision.models.ensure)."""
+    """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure)."""
     if ref is None:
         return None
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
+    if p.exists():
+        raise InvalidValue(f"--model {ref}: not a regular file", fix="give the path of a GGUF file, or a store name")
+    if "/" in ref or ref.lower().endswith(".gguf"):
+        raise UnknownModel(
+            f"--model {ref}: no such file", fix="give the path of a GGUF file, or a store name (provision model list)"
+        )
     try:
-        models = importlib.import_module("provision.models")
+        models = importlib.import_module("provision.models.store")
     except ModuleNotFoundError:
         raise UnknownModel(
             f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"
@@ -62,7 +75,12 @@ def resolve_model(ref: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import catalog
+    from provision.hosts import native_backend
+
     cmd = split_command(args)
+    values.seconds(args.timeout, "--timeout")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
-    return native_backend().run(stack, args.gpu, resolve_model(args.model), cmd, args.timeout, args.route)
+    model = resolve_model(args.model)  # verified (or refused) before any VM starts
+    return native_backend().run(stack, args.gpu, model, cmd, args.timeout, args.route)
