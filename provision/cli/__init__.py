@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from .. import procs
 from ..errors import ProvisionError
 
 # Order is the order shown in --help.
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    procs.stop_on_signals()  # SIGTERM/SIGHUP unwind like Ctrl-C: children stopped, exit 128+N
     try:
         status = args.func(args)
     except ProvisionError as exc:
@@ -39,7 +41,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"error": exc.as_dict()}, indent=2))
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        print(f"interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        return procs.exit_status(exc)
     return int(status or 0)

@@ -5,7 +5,9 @@ virglrenderer's render server on the host, which runs the host's Vulkan driver (
 GPU, or lavapipe). Order of a run, each step failing with its own error code:
 catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> Xvfb -> QEMU ->
 the guest's exit status, or E021 on the deadline. QEMU and Xvfb are always stopped and
-reaped by pid, on every path out (timeout, Ctrl-C, errors).
+reaped by pid, on every path out (timeout, Ctrl-C, errors); every child is started through
+provision/procs.py, so it also dies when provision is killed (the reaper), and QEMU holds the GPU
+slot's lock itself, so the slot stays taken exactly as long as the guest lives.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from .. import catalog, host_tools, slots, vmdisk, watchdog
+from .. import catalog, companions, host_tools, procs, slots, vmdisk, watchdog
 from ..adapters import qemu, xvfb
 from ..adapters.chroot import Chroot
 from ..catalog import Stack
@@ -123,9 +125,12 @@ class LinuxBackend:
         deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
+        procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
         slot = slots.acquire(deadline) if gpu else None
         try:
-            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err)
+            return self._boot(
+                tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=(slot.fd,) if slot else ()
+            )
         finally:
             if slot is not None:
                 slot.release()
@@ -145,6 +150,7 @@ class LinuxBackend:
         deadline: float,
         out: BinaryIO,
         err: BinaryIO,
+        keep_fds: tuple[int, ...] = (),
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -191,25 +197,30 @@ class LinuxBackend:
                 env["SDL_VIDEODRIVER"] = "x11"
             full = chroot.argv(argv, env) if chroot else argv
             with (run_dir / "qemu.log").open("wb") as qlog:
-                proc = subprocess.Popen(
+                # keep_fds: the GPU slot's lock, held by QEMU too, so it drops only when QEMU is gone.
+                proc = procs.spawn(
                     full,
+                    run_dir,
+                    "qemu",
+                    keep_fds=keep_fds,
                     stdin=subprocess.DEVNULL,
                     stdout=qlog,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
                     env=None if chroot else {**os.environ, **env},
                 )
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers)
+            beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
             if proc is not None:
-                xvfb.stop_process(proc, grace_s=3.0)
+                procs.finish(proc, run_dir, grace_s=3.0)  # QEMU's group: the render server too
             if x is not None:
                 x.stop()
+            procs.stop(run_dir)  # the adopted render server, should it outlive QEMU's group
             _prune_runs()
 
 
@@ -221,6 +232,7 @@ def _watch(
     err: BinaryIO,
     *,
     watch_workers: bool = False,
+    beside: companions.Companions | None = None,
 ) -> int:
     streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
@@ -251,6 +263,10 @@ def _watch(
                 raise death.error()
         if proc.poll() is not None:
             break
+        dead = beside.poll() if beside is not None else None
+        if dead is not None:
+            xvfb.stop_process(proc, grace_s=2.0)
+            raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
         if time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
@@ -335,7 +351,8 @@ def _prune_runs() -> None:
     base = cache_dir("runs")
     runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     for old in runs[:-KEEP_RUNS]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not procs.records(old):  # a run whose processes are still recorded is not finished
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def image_for(stack: Stack) -> tuple[str, str]:
