@@ -18,7 +18,7 @@ from pathlib import Path
 import filelock
 
 from . import catalog as catalog_mod
-from . import layout, paths, render
+from . import layout, partials, paths, render
 from . import pins as pins_mod
 from .adapters import debootstrap, podman
 from .errors import InvalidValue
@@ -109,8 +109,7 @@ def prepare_context(rendered: render.Rendered, stack: catalog_mod.Stack, model_p
     key = _short({"containerfile": rendered.containerfile, "files": rendered.files})
     context = paths.cache_dir("contexts") / f"{stack.name}-{key}"
     tmp = context.with_name(context.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    partials.remove(tmp)
     rendered.write(tmp)
     local = local_input_files(stack)
     for item in rendered.inputs:

@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from typing import Any
 from .paths import cache_dir
 
 RECORDS = "procs"
+STDOUT = subprocess.STDOUT
 PR_SET_PDEATHSIG = 1
 
 try:
@@ -318,21 +320,44 @@ def clean_leftovers(log: Callable[[str], None] | None = None) -> list[Record]:
                 stop_records([r])
                 stopped.append(r)
             forget(r.pid, d)
+        _drop_dead_job_dir(d)
     return stopped
 
 
-def job_dir(kind: str) -> Path:
-    """A record directory for children that belong to no run (host-tools, image builds)."""
-    d = cache_dir("jobs") / f"{kind}-{os.getpid()}-{start_time(os.getpid()) or 0}"
+def job_dir() -> Path:
+    """This process's record directory for children that belong to no run (host tools, builds)."""
+    d = cache_dir("jobs") / f"{os.getpid()}-{start_time(os.getpid()) or 0}"
     d.mkdir(exist_ok=True)
     return d
 
 
-def drop_job_dir(d: Path) -> None:
-    """Remove a job's record directory once none of its children is recorded any more."""
-    with contextlib.suppress(OSError):
-        (d / RECORDS).rmdir()
-        d.rmdir()
+def _drop_dead_job_dir(d: Path) -> None:
+    pid, _, start = d.name.partition("-")
+    if d.parent.name == "jobs" and pid.isdigit() and str(start_time(int(pid))) != start and not records(d):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def run(
+    argv: Sequence[str],
+    name: str,
+    *,
+    run_dir: Path | None = None,
+    input: Any = None,
+    timeout: float | None = None,
+    **popen_kw: Any,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run`` for a child we own: stopped on any way out of this call, and with provision."""
+    d = run_dir or job_dir()
+    popen_kw.setdefault("stdout", subprocess.PIPE)
+    popen_kw.setdefault("stderr", subprocess.PIPE)
+    if input is not None:
+        popen_kw["stdin"] = subprocess.PIPE
+    p = spawn(argv, d, name, **popen_kw)
+    try:
+        out, err = p.communicate(input, timeout)
+    finally:
+        finish(p, d)
+    return subprocess.CompletedProcess(list(argv), p.returncode, out, err)
 
 
 # --- the reaper -------------------------------------------------------------------------
