@@ -378,6 +378,7 @@ class _Reaper:
             [sys.executable, "-m", "provision.reaper", str(me), str(start_time(me) or 0)],
             stdin=read_fd,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,  # holding provision's stderr would keep a reader of it waiting
             start_new_session=True,  # a signal to provision's process group must not reach it
             env=env,
         )

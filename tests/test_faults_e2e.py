@@ -303,3 +303,54 @@ def test_fault_matrix_every_way_of_stopping_a_gpu_run_leaves_nothing_and_the_nex
     for e in errors:
         if e is not None:
             raise e
+
+
+HOLDER = """
+import subprocess
+import sys
+from pathlib import Path
+from provision import procs, slots
+Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
+slot = slots.try_acquire(1, Path(sys.argv[1]))
+assert slot is not None
+# tie=False: a guest meant to outlive its provision (serve --detach); it keeps the slot's lock.
+child = procs.spawn(
+    ["sleep", "300"], Path(sys.argv[2]), "qemu", keep_fds=(slot.fd,), tie=False,
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+print(child.pid, flush=True)
+"""
+
+
+def test_a_gpu_run_waits_while_an_orphan_holds_the_slot_and_starts_once_it_is_gone(
+    tmp_path: Path, shared: tuple[Path, Path]
+) -> None:
+    lane = make_lane(tmp_path / "lane", shared)
+    env = {**lane.env, "PROVISION_GPU_SLOTS": "1"}
+    holder = subprocess.run(
+        [sys.executable, "-c", HOLDER, str(lane.cache / "gpu-slots"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    orphan = int(holder.stdout)
+    try:
+        assert procs.start_time(orphan) is not None  # its provision is gone, it lives on with the slot
+        proc = subprocess.run(
+            [sys.executable, "-m", "provision", "run", "llama-linux", "--gpu", "--timeout", "5", "--", "true"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+        )
+        assert proc.returncode == 32 and "E022" in proc.stderr, proc.stderr[-2000:]
+        assert "qemu pid=" not in proc.stderr
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while procs.start_time(orphan) is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    free = slots.try_acquire(1, lane.cache / "gpu-slots")
+    assert free is not None  # the lock dropped with the last process holding it
+    free.release()

@@ -216,11 +216,11 @@ class LinuxBackend:
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
-            if proc is not None:
-                procs.finish(proc, run_dir, grace_s=3.0)  # QEMU's group: the render server too
-            if x is not None:
-                x.stop()
-            procs.stop(run_dir)  # the adopted render server, should it outlive QEMU's group
+            # QEMU, the render server (its own group) and Xvfb together: SIGTERM, SIGKILL after 3 s.
+            procs.stop(run_dir, grace_s=3.0)
+            for child in (proc, x.process if x else None):
+                if child is not None:
+                    child.wait()  # reap
             _prune_runs()
 
 
@@ -264,8 +264,7 @@ def _watch(
         if proc.poll() is not None:
             break
         dead = beside.poll() if beside is not None else None
-        if dead is not None:
-            xvfb.stop_process(proc, grace_s=2.0)
+        if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
         if time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
@@ -424,8 +423,8 @@ def host_native_bench(model: Path, timeout: float = 600) -> str | None:
     else:
         program[2] = str(model)
         argv = program
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
+    proc = procs.run(
+        argv, "llama-bench", text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
     )
     if proc.returncode != 0:
         raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
