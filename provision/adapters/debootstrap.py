@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .. import partials, procs
-from ..errors import ImageBuildFailed, ToolMissing
+from provision.adapters import partials, procs
+from provision.core.errors import ImageBuildFailed, ToolMissing
 
 APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
 APT_NO_RECOMMENDS = 'APT::Install-Recommends "false";\n'

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from plumbum import local
 
-from .. import partials, procs
-from ..errors import ImageBuildFailed, ToolMissing
+from provision.adapters import partials, procs
+from provision.core.errors import ImageBuildFailed, ToolMissing
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import procs
-from ..errors import VmFailed
-from .chroot import Chroot
+from provision.adapters import procs
+from provision.adapters.chroot import Chroot
+from provision.core.errors import VmFailed
 
 
 @dataclass
