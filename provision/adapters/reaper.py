@@ -10,8 +10,10 @@ provision that ended cleanly has dropped its records already, so the reaper just
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+import time
 from pathlib import Path
 
 from provision.adapters import procs
@@ -28,7 +30,11 @@ def main(argv: list[str]) -> int:
         if path not in dirs:
             dirs.append(path)
     for d in dirs:
-        procs.stop(d, owner=owner)
+        stopped = procs.stop(d, owner=owner)
+        if stopped:  # a trace for whoever wonders what ended these processes
+            with contextlib.suppress(OSError), (d / "reaper.log").open("a") as log:
+                names = ", ".join(f"{r.name} {r.pid}" for r in stopped)
+                log.write(f"{time.strftime('%H:%M:%S')} provision {owner[0]} is gone; stopped {names}\n")
     return 0
 
 

@@ -80,6 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt as exc:
-        print(f"interrupted ({exc or 'SIGINT'})", file=sys.stderr)
+        print(f"interrupted ({str(exc) or 'SIGINT'})", file=sys.stderr)
         return signals.exit_status(exc)
     return int(status or 0)

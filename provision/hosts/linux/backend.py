@@ -216,9 +216,12 @@ class LinuxBackend:
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
-            procs.stop(run_dir, grace_s=3.0)  # QEMU, the render server, Xvfb: SIGTERM together, SIGKILL after 3 s
-            for child in [c for c in (proc, x.process if x else None) if c is not None]:
-                child.wait()
+            # QEMU first: with Xvfb gone first, QEMU's SDL display dies on the lost X connection instead.
+            if proc is not None:
+                procs.finish(proc, run_dir, grace_s=3.0)
+            if x is not None:
+                x.stop()
+            procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
             _prune_runs()
 
 

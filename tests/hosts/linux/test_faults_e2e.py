@@ -148,6 +148,15 @@ def left_over(pids: dict[str, int], groups: set[int], run_id: str) -> list[str]:
     return alive + members + scan(run_id)
 
 
+def _state(pid: int) -> str:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError:
+        return "gone"
+    return next((line for line in status.splitlines() if line.startswith("State")), "?") + f" wchan={wchan}"
+
+
 def reaper_of(pid: int) -> int:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and procs.parent(int(entry.name)) == pid:
@@ -191,6 +200,7 @@ def fault_case(lane: Lane, target: str, sig: str) -> dict[str, object]:
             clean = time.monotonic() - sent
             break
         time.sleep(0.1)
+    late = {n: _state(p) for n, p in pids.items() if procs.start_time(p) is not None}  # what a failure names
     rc = w.finish()
     result = {
         "target": target,
@@ -202,7 +212,7 @@ def fault_case(lane: Lane, target: str, sig: str) -> dict[str, object]:
         "slots_free": lane.slots_free(),
     }
     lane.results.append(result)
-    assert clean is not None and clean <= WITHIN_S, result
+    assert clean is not None and clean <= WITHIN_S, (result, late, w.err[-1500:])
     if target == "provision":
         assert rc == EXPECTED[sig], (result, w.err[-2000:])
     else:
