@@ -96,7 +96,10 @@ def get(
     responses) and HttpError (too many redirects, a refused redirect target).
     """
     for _ in range(max_redirects + 1):
-        conn, path = _connection(url, connect_timeout)
+        try:
+            conn, path = _connection(url, connect_timeout)
+        except ValueError as exc:  # a port out of range, a malformed host: no request can be made
+            raise HttpError(f"{url}: {exc}") from None
         try:
             conn.connect()
             if conn.sock is not None:
@@ -110,9 +113,13 @@ def get(
             conn.close()
             raise
         if raw.status in _REDIRECTS and raw.getheader("Location"):
-            target = urljoin(url, raw.getheader("Location", ""))
+            location = raw.getheader("Location", "")
             raw.close()
             conn.close()
+            try:
+                target = urljoin(url, location)
+            except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+                raise HttpError(f"{url} redirects to {location!r}, which is malformed: {exc}") from None
             why = allow(target)
             if why:
                 raise HttpError(f"{url} redirects to {target}, which is refused: {why}")

@@ -1,7 +1,10 @@
 """The thin command line: parse, call one domain function, print, map errors to exit codes.
 
 Each command group lives in its own module with ``register(subparsers)``; the handler it
-sets returns an exit status. Errors are ProvisionError subclasses (provision/core/errors.py).
+sets returns an exit status. Errors are ProvisionError subclasses (provision/core/errors.py):
+each prints ``E0NN: message`` and a ``fix:`` line (and, with ``--json``, a JSON error on
+stdout). Argument errors are E003. Anything else is a bug: a short report, the traceback in a
+file, exit status ``errors.INTERNAL_ERROR_STATUS``; never a traceback on the terminal.
 May import every package; nothing imports it.
 """
 
@@ -10,10 +13,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
 
-from provision.core.errors import ProvisionError
+from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, ProvisionError
 
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
@@ -50,8 +59,15 @@ def expand_short_forms(argv: list[str]) -> list[str]:
     return argv
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that raises E003 instead of printing usage and exiting 2 (sub-parsers inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise InvalidValue(f"{self.prog}: {message}", fix=f"see `{self.prog} --help` for what it takes")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="provision",
         description=DESCRIPTION,
         epilog=QUICK_START,
@@ -66,20 +82,61 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _wants_json(argv: Sequence[str]) -> bool:
+    head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
+    return "--json" in head
+
+
+def _crash_report(exc: BaseException) -> Path | None:
+    """Write the traceback where the user can find it; the cache may be the very thing that is broken."""
+    text = "".join(traceback.format_exception(exc))
+    name = f"provision-crash-{time.strftime('%Y%m%d-%H%M%S')}-{id(exc):x}.txt"
+    for where in (_crash_dir, lambda: Path(tempfile.gettempdir())):
+        try:
+            path = where() / name
+            path.write_text(f"argv: {sys.argv!r}\n{text}", encoding="utf-8")
+            return path
+        except Exception:  # noqa: BLE001, S112 - try the next place
+            continue
+    return None
+
+
+def _crash_dir() -> Path:
+    from provision.core import paths
+
+    return paths.cache_dir("crash")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(expand_short_forms(list(sys.argv[1:] if argv is None else argv)))
+    argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
+    want_json = _wants_json(argv)
     from provision.adapters import signals
 
     signals.stop_on_signals()  # SIGTERM/SIGHUP unwind like Ctrl-C: children stopped, exit 128+N
     try:
-        status = args.func(args)
+        args = build_parser().parse_args(argv)
+        want_json = want_json or bool(getattr(args, "json", False))
+        return int(args.func(args) or 0)
     except ProvisionError as exc:
-        if getattr(args, "json", False):
+        if want_json:
             print(json.dumps({"error": exc.as_dict()}, indent=2))
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
-    except KeyboardInterrupt as exc:
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: 128 + the signal's number
         print(f"interrupted ({str(exc) or 'SIGINT'})", file=sys.stderr)
         return signals.exit_status(exc)
-    return int(status or 0)
+    except SystemExit:
+        raise  # --help and --version
+    except BrokenPipeError:  # the reader went away (`provision … | head`): not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps the interpreter's final flush quiet
+        return 141
+    except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a report
+        where = _crash_report(exc)
+        detail = f"details: {where}" if where else "no place to write details was writable"
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        if want_json:
+            error = {"code": "internal", "message": message, "details": str(where) if where else None,
+                     "exit_status": INTERNAL_ERROR_STATUS}  # fmt: skip
+            print(json.dumps({"error": error}, indent=2))
+        print(f"{message}\n  {detail}\n  fix: this is a bug in provision; report it with that file", file=sys.stderr)
+        return INTERNAL_ERROR_STATUS

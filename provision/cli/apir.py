@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import values
 
 if TYPE_CHECKING:
     from provision.adapters.apir import ProbeResult
@@ -79,6 +80,7 @@ def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
 def run_check(args: argparse.Namespace) -> int:
     from provision.apir import preflight as apir
 
+    values.int_range(args.alloc_mib, "--alloc-mib", 0, 1 << 20, why="MiB; 0 allocates nothing")
     settings = apir.ApirSettings.resolve(backend=args.backend, ggml_library=args.ggml_library, ggml_reg=args.reg)
     result = apir.probe(settings, alloc_bytes=args.alloc_mib << 20)
     error = apir.failure(result, settings)

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
-from provision.core.errors import VmFailed
+from provision.core import values
+from provision.core.errors import InvalidValue, VmFailed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     from provision.core.paths import cache_dir
     from provision.hosts.linux import backend as linux
 
+    values.seconds(args.timeout, "--timeout")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise InvalidValue(f"--out {args.out} is a file; it must name a directory", fix="name a directory with --out")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
     model = resolve_model(args.model)

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +25,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from provision.doctor import checks as doctor
+
+    if args.machine is not None:
+        values.machine_name(args.machine)
+    if args.guest_image is not None:
+        values.image_ref(args.guest_image, "--guest-image")
 
     ctx = doctor.context(krun=args.krun, machine=args.machine, guest_image=args.guest_image)
     checks = doctor.run(ctx)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_build(args: argparse.Namespace) -> int:
     from provision.apir import builds
 
+    values.int_range(args.jobs, "--jobs", 1, 1024)
+    values.token(args.cuda_arch, "--cuda-arch")
+    values.existing_dir(args.source, "--source")
     cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
     if args.dry_run:
         plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import values
 from provision.core.errors import InvalidValue
 
 
@@ -38,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from provision.hosts.linux import tools as host_tools
 
     if args.virgl_src is not None and not args.apir:
-        raise InvalidValue("--virgl-src is only used with --apir")
+        raise InvalidValue("--virgl-src is only used with --apir", fix="add --apir, or drop --virgl-src")
+    values.existing_dir(args.virgl_src, "--virgl-src")
     if not args.check:
         if args.apir:
             apir_host.make(args.virgl_src)  # makes the base chroot first when needed

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.core import outputs, values
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=EXAMPLE_FORMAT,
     )
     r.add_argument("stack")
-    r.add_argument("--output", "-o", type=Path, help="directory to write (default: print the Containerfile)")
+    r.add_argument("--output", "-o", help="directory to write (default: print the Containerfile)")
+    r.add_argument("--force", action="store_true", help="replace files in --output that provision did not write")
     r.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     r.set_defaults(func=run_render)
 
@@ -54,10 +56,11 @@ def run_render(args: argparse.Namespace) -> int:
     p = pins.default()
     stack = catalog.load(args.catalog).get(args.stack)
     rendered = images.render_stack(stack, p)
-    if args.output is None:
+    out_dir = outputs.output_path(args.output, "--output")
+    if out_dir is None:
         sys.stdout.write(rendered.containerfile)
         return 0
-    for path in rendered.write(args.output):
+    for path in rendered.write(out_dir, force=args.force):
         print(path)
     return 0
 
@@ -65,7 +68,14 @@ def run_render(args: argparse.Namespace) -> int:
 def run_build(args: argparse.Namespace) -> int:
     from provision.core import catalog
     from provision.images import build as images
+    from provision.models.refs import check_name
 
+    if args.tag is not None:
+        values.image_ref(args.tag, "--tag")
+    if args.base_image is not None:
+        values.image_ref(args.base_image, "--base-image")
+    if args.model is not None:
+        check_name(args.model)
     built = images.build(
         args.stack,
         tag=args.tag,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.core import values
 from provision.core.errors import WrongPlatform
 
 
@@ -51,8 +52,10 @@ def run(args: argparse.Namespace) -> int:
     from provision.hosts.darwin import bundle as bundle_mod
     from provision.hosts.darwin import machine_state
     from provision.hosts.darwin.backend import DarwinBackend, observe_machine
-    from provision.hosts.darwin.launch import LaunchRequest, plan_launch
+    from provision.hosts.darwin.launch import LaunchRequest, check_memory, plan_launch
 
+    if not args.dry_run:  # a plan may be for another Mac; a launch runs here
+        values.int_range(args.cpus, "--cpus", 1, os.cpu_count() or 1, why="the CPUs of this host")
     request = LaunchRequest(
         route=args.route,
         machine=args.machine,
@@ -61,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         vram_mib=args.vram if args.vram is not None else doctor.default_vram_mib(),
         apir_log_dir=args.apir_log_dir,
     )
+    check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
     if args.dry_run:
         env = dict(os.environ)
         b = bundle_mod.locate(args.krun, env=env)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core import outputs
 from provision.core.errors import ModelHashMismatch
 
 
@@ -28,6 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
     pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
+    pull.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        help="retry when no byte arrived for S seconds (default 20, or $PROVISION_STALL_S)",
+    )
     pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
@@ -77,16 +83,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=EXAMPLE_FORMAT,
     )
     syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
-    syn.add_argument("--output", type=Path, help="write here instead of into the store")
+    syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
+    syn.add_argument("--force", action="store_true", help="replace an existing --output file")
     syn.add_argument("--json", action="store_true", help="machine-readable output")
     syn.set_defaults(func=run_synth)
 
 
 def run_pull(args: argparse.Namespace) -> int:
     from provision.models import store as models
+    from provision.models.download import check_stall
 
+    stall = check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
-    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name))
+    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name), stall_s=stall)
     report = {
         **result.ref.as_dict(),
         "path": str(result.path),
@@ -116,7 +125,8 @@ def run_list(args: argparse.Namespace) -> int:
 
     store = models.Store()
     rows: list[dict[str, object]] = []
-    stored = {r.name: r for r in store.refs()}
+    good, damaged = store.scan()
+    stored = {r.name: r for r in good}
     for name in models.catalog_names(store.pins):
         pin = store.pins.models[name]
         ref = stored.pop(name, None)
@@ -145,6 +155,20 @@ def run_list(args: argparse.Namespace) -> int:
             "pin_status": ref.pin_status,
             "note": _pin_note(ref.pin_status if ref.pinned else None, None),
         })  # fmt: skip
+    for bad in damaged:
+        rows.append({
+            "name": bad.name,
+            "catalog": bad.name in store.pins.models,
+            "default": False,
+            "smoke_default": False,
+            "stored": False,
+            "sha256": None,
+            "size": None,
+            "source": None,
+            "pin_status": None,
+            "damaged": bad.reason,
+            "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
+        })  # fmt: skip
     if args.json:
         print(dumps({"store": str(store.root), "models": rows}))
         return 0
@@ -162,7 +186,11 @@ def run_verify(args: argparse.Namespace) -> int:
     from provision.models import store as models
 
     store = models.Store()
-    names = [args.name] if args.name else [r.name for r in store.refs()]
+    if args.name:
+        names = [args.name]
+    else:
+        good, damaged = store.scan()
+        names = sorted([r.name for r in good] + [d.name for d in damaged])
     results = [store.verify(n) for n in names]
     if args.json:
         print(dumps([r.as_dict() for r in results]))
@@ -175,7 +203,8 @@ def run_verify(args: argparse.Namespace) -> int:
     if bad:
         print(
             ModelHashMismatch(
-                "; ".join(f"{r.name}: {r.detail}" for r in bad), fix="provision model rm NAME, then pull it again"
+                "; ".join(f"{r.name}: {r.detail}" for r in bad),
+                fix=f"provision model rm {bad[0].name}, then pull (or synth) it again",
             ).render(),
             file=sys.stderr,
         )
@@ -187,7 +216,11 @@ def run_rm(args: argparse.Namespace) -> int:
     from provision.models import store as models
 
     ref = models.Store().remove(args.name)
-    print(dumps({"removed": ref.as_dict()}) if args.json else f"removed {ref.name} (sha256 {ref.sha256})")
+    if isinstance(ref, models.DamagedRef):
+        text = f"removed the damaged ref {ref.name} ({ref.reason})"
+    else:
+        text = f"removed {ref.name} (sha256 {ref.sha256})"
+    print(dumps({"removed": ref.as_dict()}) if args.json else text)
     return 0
 
 
@@ -202,10 +235,11 @@ def run_path(args: argparse.Namespace) -> int:
 def run_synth(args: argparse.Namespace) -> int:
     from provision.models import store as models
 
+    output = outputs.output_path(args.output, "--output")
     store = models.Store()
-    if args.output:
-        sha256, size = store.synth_to(args.name, args.output)
-        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(args.output)}
+    if output is not None:
+        sha256, size = store.synth_to(args.name, output, force=args.force)
+        report = {"name": args.name, "sha256": sha256, "size": size, "path": str(output)}
     else:
         result = store.synth(args.name)
         report = {"name": args.name, "sha256": result.ref.sha256, "size": result.ref.size, "path": str(result.path)}

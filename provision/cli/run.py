@@ -11,7 +11,8 @@ import importlib
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, example
-from provision.core.errors import UnknownModel
+from provision.core import values
+from provision.core.errors import InvalidValue, UnknownModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -42,7 +43,9 @@ def split_command(args: argparse.Namespace) -> list[str]:
     i = rest.index("--")
     opts, cmd = rest[:i], rest[i + 1 :]
     if opts:
-        late = argparse.ArgumentParser(prog="provision run STACK", add_help=False)
+        from provision.cli import Parser  # E003 for a bad late option, like every other argument error
+
+        late = Parser(prog="provision run STACK", add_help=False)
         _options(late)
         late.parse_args(opts, namespace=args)
     return cmd
@@ -55,6 +58,12 @@ def resolve_model(ref: str | None) -> Path | None:
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
+    if p.exists():
+        raise InvalidValue(f"--model {ref}: not a regular file", fix="give the path of a GGUF file, or a store name")
+    if "/" in ref or ref.lower().endswith(".gguf"):
+        raise UnknownModel(
+            f"--model {ref}: no such file", fix="give the path of a GGUF file, or a store name (provision model list)"
+        )
     try:
         models = importlib.import_module("provision.models.store")
     except ModuleNotFoundError:
@@ -70,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from provision.hosts import native_backend
 
     cmd = split_command(args)
+    values.seconds(args.timeout, "--timeout")
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
-    return native_backend().run(stack, args.gpu, resolve_model(args.model), cmd, args.timeout, args.route)
+    model = resolve_model(args.model)  # verified (or refused) before any VM starts
+    return native_backend().run(stack, args.gpu, model, cmd, args.timeout, args.route)

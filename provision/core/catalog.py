@@ -293,8 +293,12 @@ def _load(path: Path, pins: pins_mod.Pins | None) -> Catalog:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""
         raise CatalogSyntaxError(f"{path}{where}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogSyntaxError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
-        raise CatalogSyntaxError(f"{path}: cannot read: {exc.strerror}") from None
+        raise CatalogSyntaxError(
+            f"{path}: cannot read: {exc.strerror or exc}", fix="point --catalog at a readable stacks YAML file"
+        ) from None
     return parse(data, path, pins)
 
 

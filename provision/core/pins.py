@@ -191,6 +191,10 @@ def load(path: Path | None = None) -> Pins:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CatalogSyntaxError(f"{path}:{exc.lineno}:{exc.colno}: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogSyntaxError(f"{path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise CatalogSyntaxError(f"{path}: cannot read: {exc.strerror or exc}") from None
     return parse(data, path)
 
 

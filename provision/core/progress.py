@@ -7,6 +7,7 @@ import time
 from typing import TextIO
 
 _MIB = 1024 * 1024
+HEARTBEAT_S = 10.0  # without a TTY, a line at least this often while bytes arrive
 
 
 def _human(n: float) -> str:
@@ -34,6 +35,7 @@ class Progress:
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.t0 = time.monotonic()
         self._last_draw = 0.0
+        self._last_line = self.t0
         self._next_pct = 10
         if start and total:
             self._next_pct = (start * 100 // total) // 10 * 10 + 10
@@ -42,6 +44,7 @@ class Progress:
     def _line(self, text: str) -> None:
         self.stream.write(f"{self.label}: {text}\n")
         self.stream.flush()
+        self._last_line = time.monotonic()
 
     def _status(self) -> str:
         elapsed = max(time.monotonic() - self.t0, 1e-6)
@@ -67,6 +70,11 @@ class Progress:
         elif self.total and done * 100 >= self._next_pct * self.total:
             self._line(f"{done * 100 // self.total:3d}%  {self._status()}")
             self._next_pct = done * 100 // self.total // 10 * 10 + 10
+            self._last_line = now
+        elif now - self._last_line >= HEARTBEAT_S:  # a slow transfer still shows it is alive
+            pct = f"{done * 100 // self.total:3d}%  " if self.total else ""
+            self._line(f"{pct}{self._status()}")
+            self._last_line = now
 
     def finish(self, note: str = "done") -> None:
         elapsed = time.monotonic() - self.t0

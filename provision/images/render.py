@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from provision import __version__
-from provision.core import catalog, layout
+from provision.core import catalog, layout, outputs
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
 
@@ -58,17 +58,56 @@ class Rendered:
     inputs: tuple[Input, ...]
     labels: dict[str, str] = field(default_factory=dict)
 
-    def write(self, out_dir: Path) -> list[Path]:
-        """Write the Containerfile and generated files (not the inputs) atomically."""
-        out_dir.mkdir(parents=True, exist_ok=True)
+    def write(self, out_dir: Path, *, force: bool = False, flag: str = "--output") -> list[Path]:
+        """Write the Containerfile and generated files (not the inputs), each whole or not at all.
+
+        Files provision rendered before (the Containerfile's first line says so; the checksum
+        files beside such a Containerfile) are replaced; anything else only with ``force``.
+        Every target is checked before the first is written.
+        """
+        if out_dir.exists() and not out_dir.is_dir():
+            raise InvalidValue(f"{flag} {out_dir} is a file, not a directory", fix=f"name a directory with {flag}")
+        wanted = {"Containerfile": self.containerfile, **self.files}
+        ours_dir = _rendered_by_us(out_dir / "Containerfile")
+
+        def ours(path: Path) -> bool:
+            if path.name == "Containerfile":
+                return ours_dir
+            return ours_dir or _same_text(path, wanted[path.name])
+
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InvalidValue(f"{flag} {out_dir}: cannot create it: {exc.strerror or exc}") from None
+        for name in wanted:
+            outputs.check_target(out_dir / name, flag, force=force, ours=ours)
         written = []
-        for name, text in {"Containerfile": self.containerfile, **self.files}.items():
-            target = out_dir / name
-            tmp = target.with_name(f".{name}.tmp")
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(target)
-            written.append(target)
+        for name, text in wanted.items():
+            outputs.write_text(out_dir / name, text, flag=flag, force=force, ours=ours)
+            written.append(out_dir / name)
         return written
+
+
+RENDERED_MARK = "# Rendered by provision from "
+
+
+def _rendered_by_us(path: Path) -> bool:
+    if not path.is_file():  # opening a FIFO would block
+        return False
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline().startswith(RENDERED_MARK)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _same_text(path: Path, text: str) -> bool:
+    if not path.is_file():
+        return False
+    try:
+        return path.read_text(encoding="utf-8") == text
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def _plain(value: object, key: str, source: Path) -> str:

@@ -16,49 +16,38 @@ an atomic rename only when its size, sha256 and GGUF magic are right.
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
-import http.client
-import json
 import os
-import queue
-import shutil
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import filelock
 
-from provision.adapters import http as web
-from provision.core import paths
+from provision.core import outputs, paths
 from provision.core import pins as pins_mod
-from provision.core.errors import BadModelName, DiskFull, DownloadFailed, ModelHashMismatch, NotGguf, UnknownModel
-from provision.core.progress import Progress
+from provision.core.errors import (
+    BadModelName,
+    DiskFull,
+    ModelHashMismatch,
+    UnknownModel,
+)
 from provision.models import synth
-from provision.models.refs import ModelSpec, check_name, resolve, url_refusal
+from provision.models.download import Downloader, check_stall, stall_seconds
+from provision.models.files import fsync_dir as _fsync_dir
+from provision.models.files import has_magic as _has_magic
+from provision.models.files import hash_file as _hash_file
+from provision.models.files import write_json_atomic as _write_json_atomic
+from provision.models.records import DamagedRef, DamagedRefError, Ref, load_ref
+from provision.models.refs import ModelSpec, check_name, resolve
 
 # The catalog's default for users (a real model, pinned but READ: its bytes were never
 # downloaded by this project) and the built-in model for smoke runs and e2e tests (written
 # locally, so the main CI job needs no network).
 DEFAULT_MODEL = "qwen2.5-0.5b-instruct-q4_k_m"
 SMOKE_MODEL = "tiny-llama"
-
-GGUF_MAGIC = b"GGUF"
-READ_SIZE = 1 << 20  # upper bound of one socket read; short reads are written at once
-QUEUE_DEPTH = 32  # chunks waiting between two pipeline stages (bounds memory to ~2 x 32 MiB)
-HASH_BLOCK = 8 << 20
-FLUSH_EVERY = 64 << 20  # fdatasync while downloading, so writeback overlaps the network and hashing
-CONNECT_TIMEOUT_S = 15.0
-READ_TIMEOUT_S = 60.0
-MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
-BACKOFF_S = 0.5  # doubled after each such attempt, capped at BACKOFF_MAX_S
-BACKOFF_MAX_S = 8.0
-_DISK_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-
 
 def _is_name(name: str) -> bool:
     try:
@@ -70,19 +59,6 @@ def _is_name(name: str) -> bool:
 
 def catalog_names(pins: pins_mod.Pins | None = None) -> list[str]:
     return sorted((pins or pins_mod.default()).models)
-
-
-@dataclass(frozen=True)
-class Ref:
-    name: str
-    sha256: str
-    size: int
-    source: str
-    pinned: bool
-    pin_status: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -102,84 +78,6 @@ class VerifyResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "path": str(self.path), "ok": self.ok, "detail": self.detail}
-
-
-class _WriteFailed(Exception):
-    """Writing the partial file failed (as opposed to reading the socket)."""
-
-    def __init__(self, error: OSError) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
-class _Retry(Exception):
-    """A transient failure: try again (after a pause unless the attempt brought new bytes)."""
-
-    def __init__(self, reason: str, *, progressed: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.progressed = progressed
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _hash_file(path: Path, limit: int | None = None) -> tuple[Any, int]:
-    """sha256 object and byte count of ``path`` (its first ``limit`` bytes when given)."""
-    h = hashlib.sha256()
-    done = 0
-    buf = bytearray(HASH_BLOCK)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while limit is None or done < limit:
-            want = HASH_BLOCK if limit is None else min(HASH_BLOCK, limit - done)
-            n = f.readinto(view[:want])
-            if not n:
-                break
-            h.update(view[:n])
-            done += n
-    return h, done
-
-
-def _has_magic(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == GGUF_MAGIC
-
-
-def _strong_validator(resp: web.Response) -> str | None:
-    # If-Range needs a strong validator: a strong ETag, else Last-Modified (RFC 9110 13.1.5).
-    etag = resp.header("ETag")
-    if etag and not etag.startswith("W/"):
-        return etag
-    return resp.header("Last-Modified")
-
-
-def _content_range(value: str | None) -> tuple[int, int | None] | None:
-    # "bytes START-END/TOTAL" (TOTAL may be "*")
-    if not value or not value.startswith("bytes "):
-        return None
-    try:
-        span, total = value[6:].split("/", 1)
-        start = int(span.split("-", 1)[0])
-        return start, (None if total.strip() == "*" else int(total))
-    except ValueError:
-        return None
 
 
 class Store:
@@ -224,26 +122,30 @@ class Store:
 
     def ref(self, name: str) -> Ref | None:
         path = self._ref_path(name)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
+        if not (path.exists() or path.is_symlink()):
             return None
-        except json.JSONDecodeError as exc:
-            raise ModelHashMismatch(f"{path}: damaged ref ({exc.msg})", fix=f"provision model rm {name}") from None
         try:
-            return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
-        except (KeyError, TypeError) as exc:
-            raise ModelHashMismatch(f"{path}: damaged ref (missing {exc})", fix=f"provision model rm {name}") from None
+            return load_ref(path)
+        except DamagedRefError as exc:
+            raise ModelHashMismatch(
+                f"{path}: damaged ref ({exc.reason})", fix=f"provision model rm {name}, then pull it again"
+            ) from None
 
-    def refs(self) -> list[Ref]:
-        out = []
+    def scan(self) -> tuple[list[Ref], list[DamagedRef]]:
+        """Every ref in the store: the sound ones and the damaged ones (each still removable by name)."""
+        good: list[Ref] = []
+        damaged: list[DamagedRef] = []
         for path in sorted((self.root / "refs").glob("*.json")):
             if not _is_name(path.stem):
                 continue  # not written by the store
-            ref = self.ref(path.stem)
-            if ref:
-                out.append(ref)
-        return out
+            try:
+                good.append(load_ref(path))
+            except DamagedRefError as exc:
+                damaged.append(DamagedRef(path.stem, path, exc.reason))
+        return good, damaged
+
+    def refs(self) -> list[Ref]:
+        return self.scan()[0]
 
     def _write_ref(self, spec: ModelSpec, sha256: str, size: int) -> Ref:
         ref = Ref(spec.name, sha256, size, spec.source, spec.pinned, spec.pin_status)
@@ -262,293 +164,53 @@ class Store:
     def resolve(self, arg: str, *, sha256: str | None = None, name: str | None = None) -> ModelSpec:
         return resolve(arg, self.pins, sha256=sha256, name=name, hf_endpoint=os.environ.get("HF_ENDPOINT") or None)
 
-    def _reusable(self, spec: ModelSpec) -> Ref | None:
-        """The stored ref for ``spec`` when its blob is already here (size checked, not re-hashed:
-        blobs are only created by a verified rename and are read-only)."""
-        if spec.sha256:
-            blob = self.blob_path(spec.sha256)
-            size = spec.size
-            if size is None and (known := self.ref(spec.name)) and known.sha256 == spec.sha256:
-                size = known.size  # the size recorded when this name was first pulled
-            if blob.exists() and (size is None or blob.stat().st_size == size):
-                return self._write_ref(spec, spec.sha256, blob.stat().st_size)
-            return None
-        ref = self.ref(spec.name)
-        if ref and ref.source == spec.source and self.blob_path(ref.sha256).exists():
-            return ref
-        return None
+    def _blob_sound(self, sha256: str, size: int | None) -> bool:
+        blob = self.blob_path(sha256)
+        if size is not None and blob.stat().st_size != size:
+            return False
+        return _hash_file(blob)[0].hexdigest() == sha256 and _has_magic(blob)
 
-    def pull(self, spec: ModelSpec) -> PullResult:
+    def _reusable(self, spec: ModelSpec) -> Ref | None:
+        """The ref for ``spec`` when its blob is already here and re-hashes right. A damaged blob
+        (edited, truncated, bit rot) is removed so the pull fetches it again."""
+        try:
+            known = self.ref(spec.name)
+        except ModelHashMismatch:
+            known = None  # a damaged ref of this name: the pull rewrites it
+        if spec.sha256:
+            sha256, size = spec.sha256, spec.size
+            if size is None and known and known.sha256 == spec.sha256:
+                size = known.size  # the size recorded when this name was first pulled
+        elif known and known.source == spec.source:
+            sha256, size = known.sha256, known.size
+        else:
+            return None
+        if not self.blob_path(sha256).exists():
+            return None
+        if not self._blob_sound(sha256, size):
+            self._say(f"{spec.name}: the stored blob sha256-{sha256} is damaged; fetching it again")
+            self._drop_blob(sha256)
+            return None
+        if spec.sha256 is None:
+            return known
+        return self._write_ref(spec, sha256, self.blob_path(sha256).stat().st_size)
+
+    def pull(self, spec: ModelSpec, *, stall_s: float | None = None) -> PullResult:
         if spec.synth:
             catalog_name = next(n for n, p in self.pins.models.items() if p.synth == spec.synth)
             return self.synth(catalog_name, as_name=spec.name)
         assert spec.url is not None
+        stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
         if not spec.pinned:
             self._say(f"{spec.name}: no sha256 pinned for {spec.source}; the store will record the hash it computes")
         key = spec.sha256 or hashlib.sha256(spec.url.encode()).hexdigest()
-        reused = self._reusable(spec)
-        if reused:
-            return PullResult(reused, self.blob_path(reused.sha256), 0, True)
         with self._locked(key, spec.name):
-            reused = self._reusable(spec)  # another process may have finished it while we waited
+            reused = self._reusable(spec)  # re-verified; another process may have finished it while we waited
             if reused:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
-            sha256, size, fetched = self._download(spec, key)
+            sha256, size, fetched = Downloader(self).download(spec, key, stall)
             ref = self._write_ref(spec, sha256, size)
             return PullResult(ref, self.blob_path(sha256), fetched, False)
-
-    def _download(self, spec: ModelSpec, key: str) -> tuple[str, int, int]:
-        partial, meta_path = self._partial(key)
-        meta = self._load_meta(meta_path, spec)
-        if meta is None:
-            partial.unlink(missing_ok=True)
-            meta = {"url": spec.url, "sha256": spec.sha256, "validator": None}
-        fetched = 0
-        failures = 0
-        last = ""
-        while True:
-            before = partial.stat().st_size if partial.exists() else 0
-            try:
-                return self._attempt(spec, partial, meta_path, meta, fetched)
-            except _Retry as retry:
-                after = partial.stat().st_size if partial.exists() else 0
-                fetched += max(after - before, 0)
-                failures = 0 if retry.progressed else failures + 1
-                last = retry.reason
-                if failures >= MAX_ATTEMPTS:
-                    raise DownloadFailed(
-                        f"{spec.url}: {last} ({MAX_ATTEMPTS} attempts in a row brought no new byte); "
-                        f"{after} bytes kept in {partial} for the next pull",
-                        fix="check the network or the URL and run the pull again: it resumes",
-                    ) from None
-                pause = 0.0 if retry.progressed else min(BACKOFF_S * 2 ** (failures - 1), BACKOFF_MAX_S)
-                self._say(f"{spec.name}: {last}; " + (f"retrying in {pause:.1f}s" if pause else "resuming"))
-                time.sleep(pause)
-
-    @staticmethod
-    def _load_meta(meta_path: Path, spec: ModelSpec) -> dict[str, Any] | None:
-        try:
-            meta: dict[str, Any] = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        # A partial only continues the same URL with the same expectation.
-        return meta if meta.get("url") == spec.url and meta.get("sha256") == spec.sha256 else None
-
-    def _attempt(
-        self, spec: ModelSpec, partial: Path, meta_path: Path, meta: dict[str, Any], fetched: int
-    ) -> tuple[str, int, int]:
-        """One request: resume or restart the partial file, stream the body, then promote it."""
-        offset = partial.stat().st_size if partial.exists() else 0
-        with self._request(spec, offset, meta) as resp:
-            offset, total = self._accept(spec, resp, offset, partial)
-            if resp.status == 200 or not meta.get("validator"):
-                meta["validator"] = _strong_validator(resp)  # the caller keeps it for the next attempt
-            _write_json_atomic(meta_path, meta)
-            if offset:
-                hasher, hashed = _hash_file(partial, offset)  # hashlib state cannot be saved: re-read
-                if hashed != offset:
-                    raise _Retry("the partial file shrank while resuming", progressed=False)
-            else:
-                hasher = hashlib.sha256()
-            progress = Progress(spec.name, total, start=offset, stream=self.out)
-            try:
-                with open(partial, "r+b" if offset else "wb", buffering=0) as f:
-                    f.truncate(offset)
-                    f.seek(offset)
-                    done = self._stream(resp, f, hasher, offset, progress, check_magic=offset == 0)
-                    if total is not None and done < total:
-                        raise _Retry(f"connection closed after {done} of {total} bytes", progressed=done > offset)
-                    try:
-                        os.fsync(f.fileno())
-                    except OSError as exc:
-                        raise _WriteFailed(exc) from None
-            except _WriteFailed as failed:
-                partial.unlink(missing_ok=True)
-                meta_path.unlink(missing_ok=True)
-                err = failed.error
-                if err.errno in _DISK_ERRNOS:
-                    raise DiskFull(
-                        f"writing {partial}: {os.strerror(err.errno or 0)} (disk full or file size limit); "
-                        "nothing was stored",
-                        fix="free space, raise the file size limit (ulimit -f) or move the cache (PROVISION_CACHE)",
-                    ) from None
-                raise DownloadFailed(f"writing {partial}: {err}; nothing was stored") from None
-            except NotGguf:
-                partial.unlink(missing_ok=True)
-                meta_path.unlink(missing_ok=True)
-                raise
-            except (OSError, http.client.HTTPException) as exc:  # from the socket: keep what arrived
-                raise _Retry(
-                    f"connection lost: {exc or type(exc).__name__}", progressed=partial.stat().st_size > offset
-                ) from None
-            progress.finish()
-        return self._promote(spec, partial, meta_path, hasher.hexdigest(), done, fetched + done - offset)
-
-    @staticmethod
-    def _request(spec: ModelSpec, offset: int, meta: dict[str, Any]) -> web.Response:
-        assert spec.url is not None
-        headers = {}
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-            if meta.get("validator"):
-                # The server sends the rest only if the file is unchanged, else all of it (200).
-                headers["If-Range"] = str(meta["validator"])
-        try:
-            return web.get(
-                spec.url,
-                headers=headers,
-                connect_timeout=CONNECT_TIMEOUT_S,
-                read_timeout=READ_TIMEOUT_S,
-                allow=url_refusal,
-            )
-        except web.HttpError as exc:
-            raise DownloadFailed(str(exc)) from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise _Retry(f"request failed: {exc or type(exc).__name__}", progressed=False) from None
-
-    def _accept(self, spec: ModelSpec, resp: web.Response, offset: int, partial: Path) -> tuple[int, int | None]:
-        """Decide from the status where the body starts; return (offset, total size if known)."""
-        status = resp.status
-        if status == 416 and offset:
-            partial.unlink()  # our partial is not a prefix the server knows: start again
-            raise _Retry("the server refused the resume range (416); starting from 0", progressed=True)
-        if status >= 500 or status in (408, 429):
-            raise _Retry(f"HTTP {status} {resp.reason}", progressed=False)
-        if status not in (200, 206):
-            raise DownloadFailed(f"{spec.url}: HTTP {status} {resp.reason}", fix="check the URL (and --sha256)")
-        total: int | None
-        if status == 206:
-            span = _content_range(resp.header("Content-Range"))
-            if span is None or span[0] != offset:
-                partial.unlink(missing_ok=True)
-                got = resp.header("Content-Range")
-                raise _Retry(f"the server answered Range {offset}- with {got!r}; starting from 0", progressed=True)
-            total = span[1]
-        else:
-            if offset:
-                self._say(
-                    f"{spec.name}: the server sent the whole file (Range ignored or file changed); starting from 0"
-                )
-            offset = 0
-            total = resp.content_length
-        if spec.size is not None and total is not None and total != spec.size:
-            raise ModelHashMismatch(f"{resp.url}: the server offers {total} bytes, the pin says {spec.size}")
-        total = total if total is not None else spec.size
-        if total is not None:
-            need = total - offset
-            free = shutil.disk_usage(partial.parent).free
-            if need > free:
-                raise DiskFull(
-                    f"{spec.name} needs {need} more bytes in {partial.parent}, only {free} are free",
-                    fix="free some space or move the cache (PROVISION_CACHE)",
-                )
-        return offset, total
-
-    @staticmethod
-    def _stream(resp: web.Response, f: Any, hasher: Any, done: int, progress: Progress, *, check_magic: bool) -> int:
-        """A pipeline of threads: socket reads (here) → hashing → writing → periodic disk flushes.
-
-        recv, hashlib, file writes and fdatasync all drop the GIL, so the stages overlap and a pull
-        runs at about the speed of its slowest stage. Chunks are written as soon as they arrive:
-        bytes this process received survive its being killed. Flushing every FLUSH_EVERY bytes
-        while the download runs leaves little for the final fsync.
-        """
-        to_hash: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
-        to_write: queue.Queue[bytes | None] = queue.Queue(maxsize=QUEUE_DEPTH)
-        failure: list[BaseException] = []
-        flush_wanted = threading.Event()
-        finished = threading.Event()
-
-        def hash_stage() -> None:
-            while (chunk := to_hash.get()) is not None:
-                if not failure:  # after an error keep draining so no producer blocks on a full queue
-                    try:
-                        hasher.update(chunk)
-                    except BaseException as exc:
-                        failure.append(exc)
-                to_write.put(chunk)
-            to_write.put(None)
-
-        def write_stage() -> None:
-            unflushed = 0
-            while (chunk := to_write.get()) is not None:
-                if failure:
-                    continue
-                try:
-                    view = memoryview(chunk)
-                    while view:  # a raw file may write less than asked (e.g. at a size limit)
-                        view = view[f.write(view) :]
-                except OSError as exc:  # handed to the reader thread below
-                    failure.append(_WriteFailed(exc))
-                except BaseException as exc:
-                    failure.append(exc)
-                unflushed += len(chunk)
-                if unflushed >= FLUSH_EVERY:
-                    unflushed = 0
-                    flush_wanted.set()
-
-        def flush_stage() -> None:
-            while not finished.is_set():
-                if flush_wanted.wait(0.2):
-                    flush_wanted.clear()
-                    try:
-                        os.fdatasync(f.fileno())
-                    except OSError as exc:
-                        failure.append(_WriteFailed(exc))
-                        return
-
-        stages = [
-            threading.Thread(target=t, name=f"model-{t.__name__}", daemon=True) for t in (hash_stage, write_stage)
-        ]
-        flush = threading.Thread(target=flush_stage, name="model-flush", daemon=True)
-        for thread in (*stages, flush):
-            thread.start()
-        head = b""
-        try:
-            while not failure:
-                chunk = resp.read1(READ_SIZE)
-                if not chunk:
-                    break
-                if check_magic and len(head) < 4:
-                    head += chunk[:4]
-                    if len(head) >= 4 and head[:4] != GGUF_MAGIC:
-                        raise NotGguf(f"{resp.url} does not start with the GGUF magic (got {head[:4]!r})")
-                to_hash.put(chunk)
-                done += len(chunk)
-                progress.update(done)
-        finally:
-            to_hash.put(None)
-            for thread in stages:
-                thread.join()
-            finished.set()
-            flush.join()
-        if failure:
-            raise failure[0]
-        return done
-
-    def _promote(
-        self, spec: ModelSpec, partial: Path, meta_path: Path, sha256: str, size: int, fetched: int
-    ) -> tuple[str, int, int]:
-        def discard() -> None:
-            partial.unlink(missing_ok=True)
-            meta_path.unlink(missing_ok=True)
-
-        if spec.size is not None and size != spec.size:
-            discard()
-            raise ModelHashMismatch(f"{spec.url}: got {size} bytes, expected {spec.size}; nothing was stored")
-        if spec.sha256 is not None and sha256 != spec.sha256:
-            discard()
-            raise ModelHashMismatch(
-                f"{spec.url}: sha256 of the {size} bytes received is {sha256}, expected {spec.sha256}; "
-                "nothing was stored (partial file removed)",
-                fix="check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
-            )
-        if not _has_magic(partial):
-            discard()
-            raise NotGguf(f"{spec.url}: the downloaded file does not start with the GGUF magic; nothing was stored")
-        self._install_blob(partial, sha256)
-        meta_path.unlink(missing_ok=True)
-        return sha256, size, fetched
 
     def _install_blob(self, tmp: Path, sha256: str) -> Path:
         # Replace rather than keep an existing blob: these bytes were just verified, and a blob of
@@ -568,25 +230,40 @@ class Store:
             raise UnknownModel(f"{name!r} is not a synthetic catalog model (known: {', '.join(known)})")
         return pin
 
-    def synth_to(self, name: str, output: Path) -> tuple[str, int]:
-        """Write the synthetic catalog model ``name`` to ``output`` and check it against its pin."""
+    def _synth_into(self, name: str, path: Path) -> tuple[str, int]:
+        """Write synthetic catalog model ``name`` to the fresh file ``path`` and check it against its pin."""
         pin = self._synth_pin(name)
         assert pin.synth is not None
         synth.check_versions(self.pins)
         write = synth.generator(pin.synth)
-        output.unlink(missing_ok=True)
         with contextlib.redirect_stdout(sys.stderr):  # the gguf writer logs; stdout stays for reports
-            write(output)
-        hasher, size = _hash_file(output)
+            write(path)
+        hasher, size = _hash_file(path)
         sha256 = hasher.hexdigest()
         if (sha256, size) != (pin.sha256, pin.size):
-            output.unlink()
             raise ModelHashMismatch(
                 f"synth {name}: wrote {size} bytes with sha256 {sha256}, but {self.pins.path} models.{name} pins "
                 f"{pin.size} bytes, sha256 {pin.sha256}; nothing was kept",
                 fix="the generator or the gguf/numpy versions changed: fix them, or re-pin on purpose",
             )
         return sha256, size
+
+    def synth_to(self, name: str, output: Path, *, force: bool = False) -> tuple[str, int]:
+        """Write synthetic catalog model ``name`` to ``output`` (whole or not at all; an existing
+        file is only replaced with ``force`` or when it already holds exactly these bytes)."""
+        pin = self._synth_pin(name)
+        result: list[tuple[str, int]] = []
+
+        def same_model(path: Path) -> bool:
+            if not path.is_file() or path.stat().st_size != pin.size:
+                return False
+            return _hash_file(path)[0].hexdigest() == pin.sha256
+
+        outputs.write_file(
+            output, lambda tmp: result.append(self._synth_into(name, tmp)), flag="--output", force=force,
+            ours=same_model,
+        )  # fmt: skip
+        return result[0]
 
     def synth(self, name: str, *, as_name: str | None = None) -> PullResult:
         """Synthesize catalog model ``name`` into the store (under ``as_name`` when given)."""
@@ -600,10 +277,15 @@ class Store:
                 return PullResult(reused, self.blob_path(reused.sha256), 0, True)
             tmp, _ = self._partial(f"synth-{name}.{os.getpid()}")
             try:
-                sha256, size = self.synth_to(name, tmp)
+                sha256, size = self._synth_into(name, tmp)
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
                 self._install_blob(tmp, sha256)
+            except OSError as exc:
+                if outputs.is_disk_error(exc):
+                    why = os.strerror(exc.errno) if exc.errno else f"short write ({exc})"
+                    raise DiskFull(f"writing {tmp}: {why}; nothing was stored") from None
+                raise
             finally:
                 tmp.unlink(missing_ok=True)
             ref = self._write_ref(spec, sha256, size)
@@ -612,7 +294,10 @@ class Store:
     # --- verify, remove -----------------------------------------------------------------------
 
     def verify(self, name: str) -> VerifyResult:
-        ref = self.ref(name)
+        try:
+            ref = self.ref(name)
+        except ModelHashMismatch as exc:
+            return VerifyResult(name, self._ref_path(name), False, exc.message)
         if ref is None:
             raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model pull {name}")
         blob = self.blob_path(ref.sha256)
@@ -627,15 +312,32 @@ class Store:
             return VerifyResult(name, blob, False, "no GGUF magic")
         return VerifyResult(name, blob, True, f"sha256 {ref.sha256} ({size} bytes)")
 
-    def remove(self, name: str) -> Ref:
-        ref = self.ref(name)
+    def remove(self, name: str) -> Ref | DamagedRef:
+        path = self._ref_path(name)
+        try:
+            ref = self.ref(name)
+        except ModelHashMismatch:  # a damaged ref: remove the file; no blob can be attributed to it
+            reason = next((d.reason for d in self.scan()[1] if d.name == name), "damaged")
+            if path.is_dir() and not path.is_symlink():
+                raise ModelHashMismatch(
+                    f"{path} is a directory, not a ref; provision did not make it and leaves it alone",
+                    fix=f"look inside, then remove it by hand: rm -r {path}",
+                ) from None
+            path.unlink()
+            return DamagedRef(name, path, reason)
         if ref is None:
-            raise UnknownModel(f"model {name!r} is not in the store {self.root}")
+            raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix="provision model list")
         with self._locked(ref.sha256, name):
-            self._ref_path(name).unlink()
+            path.unlink()
             if not any(other.sha256 == ref.sha256 for other in self.refs()):
-                self.blob_path(ref.sha256).unlink(missing_ok=True)
+                self._drop_blob(ref.sha256)
         return ref
+
+    def _drop_blob(self, sha256: str) -> None:
+        blob = self.blob_path(sha256)
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(blob, 0o644)
+        blob.unlink(missing_ok=True)
 
 
 def ensure(name: str, *, out: TextIO | None = None) -> Path:
@@ -655,6 +357,14 @@ def ensure(name: str, *, out: TextIO | None = None) -> Path:
             store.synth(name)
         else:
             store.pull(store.resolve(name))
+    ref = store.ref(name)
+    pin = store.pins.models.get(name)
+    if ref is not None and pin is not None and ref.sha256 != pin.sha256:
+        raise ModelHashMismatch(
+            f"{name}: the store binds this catalog name to sha256 {ref.sha256}, but {store.pins.path} "
+            f"models.{name} pins {pin.sha256}; the stored file is not the catalog's model",
+            fix=f"provision model rm {name}, then provision model pull {name}",
+        )
     result = store.verify(name)
     if not result.ok:
         raise ModelHashMismatch(

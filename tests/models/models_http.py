@@ -5,6 +5,13 @@ If-Range honoured, strong ETag), status:N, ignore_range, reset_at:K (RST after a
 truncate_at:K (clean close after byte K despite Content-Length), pause_at:K (stall after byte K
 until ``server.release`` is set), huge_length (claims 2**60 bytes). Every request is recorded
 with its Range/If-Range headers, status and the body bytes actually sent.
+
+Fault modes for the bad-input suite (a server that would keep a careless client busy forever):
+restart_close:K (ignore Range, send from byte 0, close after K bytes), from_zero:K (answer a
+Range with a 206 whose Content-Range starts at 0, close after K bytes), wrong_range (a 206 whose
+Content-Range is not the asked one), silent (accept, read the request, never answer until
+released), drip:D (the whole file in 4 KiB pieces, D seconds apart), garbage (a line that is
+no HTTP status line), hangup (close without a word), status:N (e.g. 500s).
 """
 
 from __future__ import annotations
@@ -86,6 +93,19 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             kind, _, arg = plan.partition(":")
             if kind == "status":
                 return self._small(rec, int(arg))
+            if kind == "silent":
+                rec.status = -1
+                server.paused.set()
+                server.release.wait(30)
+                self.close_connection = True
+                return None
+            if kind == "hangup":
+                self.close_connection = True
+                return None
+            if kind == "garbage":
+                self.wfile.write(b"NOT-HTTP \x00\xff nonsense\r\n\r\n")
+                self.close_connection = True
+                return None
             if kind == "redirect":
                 rec.status = 302
                 self.send_response(302)
@@ -106,8 +126,17 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             start = 0
             rng = self.headers.get("Range")
             if_range = self.headers.get("If-Range")
-            honour = kind != "ignore_range" and rng and rng.startswith("bytes=") and if_range in (None, server.etag)
-            if honour and rng:
+            honour = kind not in ("ignore_range", "restart_close") and rng and rng.startswith("bytes=")
+            honour = honour and if_range in (None, server.etag)
+            if kind == "from_zero" and rng:
+                rec.status = 206
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes 0-{len(body) - 1}/{len(body)}")
+            elif kind == "wrong_range" and rng:
+                rec.status = 206
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes 7-{len(body) + 7}/{len(body) + 8}")
+            elif honour and rng:
                 start = int(rng[6:].split("-")[0])
                 if start >= len(body):
                     return self._small(rec, 416)
@@ -122,17 +151,21 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
             stop = len(body)
-            if kind in ("reset_at", "truncate_at", "pause_at"):
+            if kind in ("reset_at", "truncate_at", "pause_at") or (kind in ("restart_close", "from_zero") and arg):
                 stop = max(int(arg), start)
+            step, delay = CHUNK, server.delay_per_chunk
+            if kind == "drip":
+                step, delay = 4096, float(arg)
             pos = start
             try:
                 while pos < stop:
-                    n = min(CHUNK, stop - pos)
+                    n = min(step, stop - pos)
                     self.wfile.write(body[pos : pos + n])
+                    self.wfile.flush()
                     rec.sent += n
                     pos += n
-                    if server.delay_per_chunk:
-                        time.sleep(server.delay_per_chunk)
+                    if delay:
+                        time.sleep(delay)
                 self.wfile.flush()
                 if kind == "pause_at":
                     server.paused.set()
@@ -146,7 +179,7 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                     self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                     self.connection.close()
                     self.close_connection = True
-                elif kind == "truncate_at":
+                elif kind in ("truncate_at", "restart_close", "from_zero"):
                     self.close_connection = True
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
@@ -164,9 +197,14 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that hangs up on a fault mode is expected; no traceback on the test's stderr
+
+
 def start(files: dict[str, bytes]) -> ModelServer:
     server = ModelServer(files)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(server))
+    httpd = _QuietServer(("127.0.0.1", 0), _handler(server))
     httpd.daemon_threads = True
     server.httpd = httpd
     threading.Thread(target=httpd.serve_forever, args=(0.05,), name="model-http", daemon=True).start()

@@ -17,6 +17,7 @@ import pytest
 from provision import cli
 from provision.core import errors
 from provision.core.pins import default as default_pins
+from provision.models import download
 from provision.models import store as models
 from provision.models.refs import check_name, resolve
 from tests.models import models_http
@@ -29,7 +30,7 @@ PATH = "/files/tiny.gguf"
 
 @pytest.fixture
 def cache(empty_cache: Path, monkeypatch) -> Path:
-    monkeypatch.setattr(models, "BACKOFF_S", 0.01)
+    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
     return empty_cache / "models"
 
 
@@ -141,7 +142,7 @@ def test_persistent_500_gives_up_with_e012(cache, server, capsys):
     server.plans = ["status:500"] * 10
     assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
     assert "HTTP 500" in capsys.readouterr().err
-    assert len(server.requests) == models.MAX_ATTEMPTS
+    assert len(server.requests) == download.MAX_ATTEMPTS
 
 
 def test_truncated_body_is_resumed_with_range(cache, server):
@@ -172,8 +173,8 @@ def test_connection_reset_mid_body_resumes_with_range_and_if_range(cache, server
     assert (cache / "blobs" / f"sha256-{SHA}").read_bytes() == BODY
 
 
-def test_stalled_body_hits_the_read_timeout_and_resumes(cache, server, monkeypatch):
-    monkeypatch.setattr(models, "READ_TIMEOUT_S", 0.3)
+def test_stalled_body_hits_the_stall_timeout_and_resumes(cache, server, monkeypatch):
+    monkeypatch.setenv("PROVISION_STALL_S", "0.3")
     server.plans = [f"pause_at:{SIZE // 2}"]  # stalls until released (at teardown)
     assert pull(server.url(PATH), "--sha256", SHA) == 0
     assert server.requests[1].range == f"bytes={SIZE // 2}-" and server.requests[1].status == 206
@@ -186,6 +187,80 @@ def test_server_ignoring_range_restarts_from_zero(cache, server, capsys):
     assert second.range is not None and second.status == 200 and second.sent == SIZE
     assert "starting from 0" in capsys.readouterr().err
     assert (cache / "blobs" / f"sha256-{SHA}").read_bytes() == BODY
+
+
+def test_server_restarting_from_zero_and_closing_halfway_ends_in_e012_naming_it(cache, server, capsys):
+    server.plans = [f"restart_close:{SIZE // 2}"] * 50
+    assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
+    err = capsys.readouterr().err
+    assert len(server.requests) == 1 + download.MAX_ATTEMPTS  # one attempt made progress, then 5 did not
+    assert "starting from 0" in err and f"connection closed after byte {SIZE // 2} of {SIZE} (x6)" in err
+    assert stored(cache)["blobs"] == [] and stored(cache)["refs"] == []
+
+
+def test_a_206_from_byte_0_is_a_restart_and_completes_when_whole(cache, server, capsys):
+    server.plans = [f"truncate_at:{SIZE // 2}", "from_zero"]
+    assert pull(server.url(PATH), "--sha256", SHA) == 0
+    assert server.requests[1].range == f"bytes={SIZE // 2}-" and server.requests[1].sent == SIZE
+    assert "from byte 0; starting from 0" in capsys.readouterr().err
+    assert (cache / "blobs" / f"sha256-{SHA}").read_bytes() == BODY
+
+
+def test_a_wrong_content_range_is_a_failed_attempt_and_the_partial_is_kept(cache, server, capsys):
+    server.plans = [f"truncate_at:{SIZE // 2}"] + ["wrong_range"] * 10
+    assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
+    assert "wrong Content-Range" in capsys.readouterr().err
+    assert (cache / "partial" / f"{SHA}.partial").read_bytes() == BODY[: SIZE // 2]
+    server.plans.clear()  # the server mends its ways
+    assert pull(server.url(PATH), "--sha256", SHA) == 0  # and the next pull resumes from the partial
+    assert server.requests[-1].range == f"bytes={SIZE // 2}-"
+
+
+def test_a_server_that_never_answers_ends_in_e012_with_each_attempt_shown(cache, server, monkeypatch, capsys):
+    monkeypatch.setenv("PROVISION_STALL_S", "0.2")
+    server.plans = ["silent"] * 10
+    t0 = time.monotonic()
+    assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
+    assert time.monotonic() - t0 < 10
+    err = capsys.readouterr().err
+    assert err.count("the server sent nothing") >= download.MAX_ATTEMPTS
+    assert "tiny: attempt 1: no answer within 0.2s" in err
+
+
+def test_the_total_attempt_budget_ends_a_pull_that_only_creeps_forward(cache, server, monkeypatch, capsys):
+    monkeypatch.setattr(download, "MAX_TOTAL_ATTEMPTS", 4)
+    server.plans = [f"truncate_at:{k * 1000}" for k in range(1, 10)]
+    assert pull(server.url(PATH), "--sha256", SHA) == errors.DownloadFailed.exit_status
+    assert "gave up after 4 attempts (4 attempts in all)" in capsys.readouterr().err
+    assert len(server.requests) == 4
+
+
+def test_stall_timeout_flag_is_used_and_checked(cache, server, capsys):
+    server.plans = [f"pause_at:{SIZE // 2}"]
+    assert pull(server.url(PATH), "--sha256", SHA, "--stall-timeout", "0.3") == 0
+    assert "stalled: no byte for 0.3s after byte" in capsys.readouterr().err
+    assert pull(server.url(PATH), "--stall-timeout", "nan") == errors.InvalidValue.exit_status
+
+
+def test_a_slow_transfer_keeps_printing_progress(cache, server, monkeypatch, capsys):
+    from provision.core import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.03)
+    server.files["/small.gguf"] = BODY[: 256 * 1024]
+    server.plans = ["drip:0.02"]  # 64 pieces of 4 KiB: about 1.3 s
+    assert pull(server.url("/small.gguf"), "--name", "small") == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "MiB/s" in line]
+    assert len(lines) > 12, lines  # more than the ten 10 % steps and the final line
+
+
+def test_a_damaged_blob_of_the_right_size_is_re_verified_and_fetched_again(cache, server, capsys):
+    assert pull(server.url(PATH), "--sha256", SHA) == 0
+    blob = cache / "blobs" / f"sha256-{SHA}"
+    blob.chmod(0o644)
+    blob.write_bytes(BODY[:-1] + bytes([BODY[-1] ^ 1]))
+    assert pull(server.url(PATH), "--sha256", SHA) == 0
+    assert "is damaged; fetching it again" in capsys.readouterr().err
+    assert blob.read_bytes() == BODY and len(server.body_requests()) == 2
 
 
 def test_changed_file_validator_makes_the_server_send_everything(cache, server):

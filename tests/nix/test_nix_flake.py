@@ -106,11 +106,12 @@ def test_virglrenderer_meson_flags_per_platform(nix: Nix) -> None:
         "-Drender-server=false",
         "-Ddrm=disabled",
     ]
-    # 1.3.0-based darwin APIR tree: no drm, no render-server; MoltenVK linked, not dlopened.
+    # 1.3.0-based darwin APIR tree: no drm, no render-server; Vulkan dlopened (MoltenVK by store
+    # path), since vulkan-dload=false would need a vulkan.pc that nixpkgs' moltenvk lacks.
     assert nix.eval(f"packages.{DARWIN}.virglrenderer-apir.drvAttrs.mesonFlags") == [
         "-Dvenus=true",
         "-Dapir=true",
-        "-Dvulkan-dload=false",
+        "-Dvulkan-dload=true",
     ]
     # MR 1590 head (1.2.0): no drm option; render-server deprecated, so not passed.
     assert nix.eval(f"packages.{LINUX}.virglrenderer-apir.drvAttrs.mesonFlags") == ["-Dvenus=true", "-Dapir=true"]
@@ -131,6 +132,7 @@ def test_libkrun_make_flags_and_no_sysroot_download(nix: Nix) -> None:
     assert darwin["initHost"] == "aarch64-unknown-linux-musl"  # static guest init for an arm64 guest
     assert "'$(LIBRARY_RELEASE_$(OS)): $(SYSROOT_TARGET) $(INIT_BINARY_BSD)'" in darwin["postPatch"]
     assert "'$(LIBRARY_RELEASE_$(OS)):'" in darwin["postPatch"]
+    assert "'mv target/release/libkrun.dylib target/release/$(KRUN_BASE_$(OS))'" in darwin["postPatch"]
     assert "fix-darwin-dylib-names-hook" in darwin["nbi"]
     assert darwin["virgl"] == nix.eval(f"packages.{DARWIN}.virglrenderer-apir.outPath")
     linux_virgl = nix.eval(f"packages.{LINUX}.libkrun.drvAttrs.buildInputs")
@@ -205,16 +207,18 @@ def test_krunkit_is_linked_to_our_libkrun_with_firmware_where_it_looks(nix: Nix,
     krunkit = nix.eval(
         f"packages.{DARWIN}.krunkit",
         "p: { bi = p.drvAttrs.buildInputs; post = p.drvAttrs.postInstall; fw = p.firmware; out = p.outPath;"
-        " strip = p.drvAttrs.dontStrip; }",
+        " strip = p.drvAttrs.dontStrip; patch = p.drvAttrs.postPatch; nbi = map (d: d.pname) p.nativeBuildInputs; }",
     )
     libkrun = nix.eval(f"packages.{DARWIN}.libkrun.outPath")
     assert libkrun in krunkit["bi"]
     assert not any("libkrun-efi" in path for path in krunkit["bi"])
     firmware = pins.source("krunkit")["firmware"]
     assert krunkit["fw"] == f"{krunkit['out']}/{firmware}"
-    assert "share/krunkit/KRUN_EFI.silent.fd" in krunkit["post"]  # nixpkgs' install line is kept
-    assert f'test -f "$out/{firmware}"' in krunkit["post"]
+    assert f'install -Dm444 edk2/KRUN_EFI.silent.fd "$out/{firmware}"' in krunkit["post"]
     assert krunkit["strip"] is True  # codesign entitlements survive
+    assert "sigtool" in krunkit["nbi"]
+    # The Makefile's install_name_tool -change points libkrun.1.dylib at libkrun-gpu, not at $out.
+    assert f"'{libkrun}/lib/$(LIBKRUN)'" in krunkit["patch"]
 
 
 def _fixed_output_hashes(nix: Nix, installable: str) -> dict[str, str]:

@@ -14,11 +14,13 @@ from typing import Any
 
 from provision.adapters import lsof, podman_machine
 from provision.adapters.podman_machine import DEFAULT_MACHINE, MachineInfo
+from provision.core import values
 from provision.core.catalog import GPU_ROUTES
 from provision.core.errors import InvalidValue, MemoryLimit, UnknownRoute
 from provision.hosts.darwin.bundle import GGML_METAL_REG, VIRGLRENDERER, KrunBundle
 
 ROUTES = GPU_ROUTES
+MAX_CPUS = 256  # a sanity bound for plans; a real launch is also held to this host's CPU count
 
 # Host-side variables only the APIR route sets. krunkit inherits podman's environment, so
 # a Venus launch must drop them: VIRGL_ROUTE_VENUS_TO_APIR left over in a shell breaks Venus.
@@ -45,6 +47,16 @@ class LaunchRequest:
     memory_mib: int | None = None
     vram_mib: int | None = None
     apir_log_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        # Every value reaches the plan's shell lines or a file name: checked here, quoted there.
+        if self.route not in ROUTES:
+            raise UnknownRoute(f"route {self.route!r} is not one of {', '.join(ROUTES)}")
+        values.machine_name(self.machine)
+        values.int_range(self.cpus, "--cpus", 1, MAX_CPUS, why="vCPUs of one krunkit VM")
+        values.int_range(self.memory_mib, "--memory", 1, 1 << 20)
+        values.int_range(self.vram_mib, "--vram", 0, 1 << 20)
+        values.plain_path(self.apir_log_dir, "--apir-log-dir", absolute=True)
 
 
 @dataclass(frozen=True)
@@ -81,14 +93,14 @@ class LaunchPlan:
 
     def shell(self) -> str:
         """Lines a shell can source: env changes as commands, the podman steps as comments."""
-        lines = [f"# provision launch plan: route {self.route}, machine {self.machine}"]
-        lines += [f"# warning: {w}" for w in self.warnings]
+        lines = [_comment(f"provision launch plan: route {self.route}, machine {self.machine}")]
+        lines += [_comment(f"warning: {w}") for w in self.warnings]
         if self.unset:
             lines.append("unset " + " ".join(self.unset))
         lines += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
         for i, step in enumerate(self.steps, 1):
-            lines.append(f"# step {i} ({step.why}): {shlex.join(step.argv)}")
-        lines.append(f"# verify ({self.verify.why}): {shlex.join(self.verify.argv)}")
+            lines.append(_comment(f"step {i} ({step.why}): {shlex.join(step.argv)}"))
+        lines.append(_comment(f"verify ({self.verify.why}): {shlex.join(self.verify.argv)}"))
         return "\n".join(lines) + "\n"
 
     def child_env(self, base: dict[str, str]) -> dict[str, str]:
@@ -96,6 +108,11 @@ class LaunchPlan:
         out = {k: v for k, v in base.items() if k not in self.unset}
         out.update(self.env)
         return out
+
+
+def _comment(text: str) -> str:
+    """One shell comment line: a line break in ``text`` must not end the comment and start a command."""
+    return "# " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def check_memory(compat: dict[str, Any], ram_mib: int | None, vram_mib: int | None) -> list[str]:
@@ -163,8 +180,7 @@ def plan_launch(
 ) -> LaunchPlan:
     if request.route not in ROUTES:
         raise UnknownRoute(f"route {request.route!r} is not one of {', '.join(ROUTES)}")
-    if request.cpus is not None and request.cpus <= 0:
-        raise InvalidValue(f"--cpus {request.cpus}: must be a positive number")
+
     ram = request.memory_mib if request.memory_mib is not None else (machine.memory_mib if machine else None)
     warnings = check_memory(compat, ram, request.vram_mib)
     env, unset, route_warnings = route_env(request, bundle)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import platformdirs
 
+from provision.core import values
+
 
 def state_dir() -> Path:
     override = os.environ.get("PROVISION_STATE")
@@ -19,7 +21,7 @@ def state_dir() -> Path:
 
 
 def state_file(machine: str) -> Path:
-    return state_dir() / "machines" / f"{machine}.json"
+    return state_dir() / "machines" / f"{values.machine_name(machine)}.json"
 
 
 def recorded_route(machine: str) -> str | None:

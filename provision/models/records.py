@@ -1,0 +1,79 @@
+"""The store's refs (refs/NAME.json: name -> sha256, size, source, pin status), validated on read.
+
+A file under refs/ that is not a ref the store could have written (edited, truncated, not
+UTF-8) is a DamagedRef: listed as damaged, removable by name, never trusted. Imports core only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+_SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    sha256: str
+    size: int
+    source: str
+    pinned: bool
+    pin_status: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DamagedRef:
+    """A file under refs/ that is no ref the store could have written (edited, truncated, foreign)."""
+
+    name: str
+    path: Path
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "path": str(self.path), "damaged": self.reason}
+
+
+class DamagedRefError(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def load_ref(path: Path) -> Ref:
+    """The ref stored at ``path``; DamagedRefError when it is not one the store could have written."""
+    if not path.is_file():  # a FIFO would block the reader, a directory cannot be read
+        raise DamagedRefError("not a regular file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise DamagedRefError("not UTF-8 text") from None
+    except OSError as exc:
+        raise DamagedRefError(f"unreadable ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DamagedRefError(f"not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise DamagedRefError("not a JSON object")
+    missing = [k for k in Ref.__dataclass_fields__ if k not in data]
+    if missing:
+        raise DamagedRefError(f"missing {', '.join(missing)}")
+    checks = {
+        "name": data["name"] == path.stem,
+        "sha256": isinstance(data["sha256"], str) and _SHA256_HEX.match(data["sha256"]) is not None,
+        "size": isinstance(data["size"], int) and not isinstance(data["size"], bool) and data["size"] >= 0,
+        "source": isinstance(data["source"], str) and bool(data["source"]),
+        "pinned": isinstance(data["pinned"], bool),
+        "pin_status": data["pin_status"] is None or isinstance(data["pin_status"], str),
+    }
+    bad = [k for k, ok in checks.items() if not ok]
+    if bad:
+        raise DamagedRefError("bad " + ", ".join(f"{k}={data[k]!r}"[:80] for k in bad))
+    return Ref(**{k: data[k] for k in Ref.__dataclass_fields__})
