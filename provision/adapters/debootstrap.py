@@ -7,11 +7,11 @@ snapshot whose Release file has expired, so apt inside is told not to check vali
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from provision.adapters import partials, procs
 from provision.core.errors import ImageBuildFailed, ToolMissing
 
 APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
@@ -26,18 +26,22 @@ def command(suite: str, dest: Path, *, variant: str = "minbase", include: Sequen
 
 
 def make_rootfs(suite: str, dest: Path, *, variant: str = "minbase", include: Sequence[str] = ()) -> Path:
-    """Create ``dest`` atomically: built in a sibling temp dir, renamed only when complete."""
+    """Create ``dest`` atomically: built in a sibling temp dir, renamed only when complete.
+
+    debootstrap mounts /proc and /sys in its target; it runs in a private mount namespace so a
+    killed debootstrap leaves no mount behind, and the leftover temp dir is removed next time.
+    """
     if shutil.which("debootstrap") is None:
         raise ToolMissing("debootstrap is not installed", fix="apt-get install debootstrap (scripts/setup-debian does)")
     if dest.exists():
         return dest
     tmp = dest.with_name(dest.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    partials.remove(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     cmd = command(suite, tmp, variant=variant, include=include)
     print(f"debootstrap: {' '.join(cmd)}", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    private = ["unshare", "--mount", "--propagation", "private", *cmd]
+    proc = procs.run(private, "debootstrap", stderr=procs.STDOUT, text=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stdout.splitlines()[-15:])
         raise ImageBuildFailed(f"debootstrap {suite} failed (exit {proc.returncode}):\n{tail}")

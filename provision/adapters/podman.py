@@ -8,6 +8,7 @@ so tests and --dry-run can show it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from plumbum import local
 
+from provision.adapters import partials, procs
 from provision.core.errors import ImageBuildFailed, ToolMissing
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
@@ -112,24 +114,32 @@ def parse_step(line: str) -> str | None:
 
 def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], None] | None = None) -> BuildResult:
     """Run podman build, streaming its output; on failure name the step that failed."""
-    podman = _podman()
+    _podman()
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
     cmd = build_command(context, tag, flags)
-    proc = podman[cmd].popen(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # type: ignore[index]
+    # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
+    # them), never an image under ``tag``. The build stops with provision (procs).
+    run_dir = procs.job_dir()
+    proc = procs.spawn(
+        ["podman", *cmd], run_dir, "podman-build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     steps: list[str] = []
     cached = 0
     tail: list[str] = []
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        log(line)
-        tail = (tail + [line])[-25:]
-        step = parse_step(line)
-        if step:
-            steps.append(step)
-        elif _CACHE_HIT.match(line):
-            cached += 1
-    rc = proc.wait()
+    try:
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            log(line)
+            tail = (tail + [line])[-25:]
+            step = parse_step(line)
+            if step:
+                steps.append(step)
+            elif _CACHE_HIT.match(line):
+                cached += 1
+        rc = proc.wait()
+    finally:
+        procs.finish(proc, run_dir, grace_s=10.0)
     if rc != 0:
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(
@@ -158,38 +168,55 @@ def exists(ref: str) -> bool:
 def import_rootfs(rootfs: Path, ref: str) -> str:
     """tar the directory into ``podman import``; returns the image id."""
     _podman()
-    tar = subprocess.Popen(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], stdout=subprocess.PIPE)
-    imp = subprocess.run(["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, text=True)
-    if tar.stdout:
-        tar.stdout.close()
-    tar.wait()
+    run_dir = procs.job_dir()
+    tar = procs.spawn(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], run_dir, "tar", stdout=subprocess.PIPE)
+    try:
+        imp = procs.run(["podman", "import", "-", ref], "podman-import", stdin=tar.stdout, text=True)
+        if tar.stdout:
+            tar.stdout.close()
+        tar.wait()
+    finally:
+        procs.finish(tar, run_dir)
     if imp.returncode != 0 or tar.returncode != 0:
         raise ImageBuildFailed(f"podman import of {rootfs} as {ref} failed: {imp.stderr.strip()}")
     return imp.stdout.strip().splitlines()[-1]
 
 
 def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
-    """Unpack an image's filesystem into ``dest`` (atomic: temp dir, then rename)."""
+    """Unpack an image's filesystem into ``dest`` (atomic: temp dir, then rename).
+
+    The container is named after ``dest``, so one a killed export left behind is removed by the next.
+    """
     podman = _podman()
     tmp = dest.with_name(dest.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    partials.remove(tmp)
     tmp.mkdir(parents=True)
-    cid = podman[[*global_args(flags), "create", ref, "true"]]().strip()  # type: ignore[index]
+    name = export_container_name(dest)
+    podman[[*global_args(flags), "rm", "-f", name]].run(retcode=None)  # type: ignore[index]
+    cid = podman[[*global_args(flags), "create", "--name", name, ref, "true"]]().strip()  # type: ignore[index]
+    run_dir = procs.job_dir()
     try:
-        exp = subprocess.Popen(["podman", *global_args(flags), "export", cid], stdout=subprocess.PIPE)
-        untar = subprocess.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], stdin=exp.stdout, capture_output=True)
-        if exp.stdout:
-            exp.stdout.close()
-        exp.wait()
+        exp = procs.spawn(
+            ["podman", *global_args(flags), "export", cid], run_dir, "podman-export", stdout=subprocess.PIPE
+        )
+        try:
+            untar = procs.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], "tar", stdin=exp.stdout)
+            if exp.stdout:
+                exp.stdout.close()
+            exp.wait()
+        finally:
+            procs.finish(exp, run_dir)
         if exp.returncode or untar.returncode:
             raise ImageBuildFailed(f"podman export of {ref} failed: {untar.stderr.decode(errors='replace').strip()}")
     finally:
         podman[[*global_args(flags), "rm", "-f", cid]].run(retcode=None)  # type: ignore[index]
-    if dest.exists():
-        shutil.rmtree(dest)
+    partials.remove(dest)
     tmp.rename(dest)
     return dest
+
+
+def export_container_name(dest: Path) -> str:
+    return "krun-gpu-export-" + hashlib.sha256(str(dest.resolve()).encode()).hexdigest()[:12]
 
 
 def labels(ref: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.adapters import procs
 from provision.adapters.chroot import Chroot
 from provision.core.errors import VmFailed
 
@@ -29,8 +30,10 @@ class Xvfb:
     def pid(self) -> int:
         return self.process.pid
 
+    run_dir: Path
+
     def stop(self) -> None:
-        stop_process(self.process)
+        procs.finish(self.process, self.run_dir)
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
@@ -45,19 +48,22 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
-def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0) -> Xvfb:
-    """Start Xvfb (in ``chroot`` when given) and return once it accepts clients."""
+def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0, run_dir: Path | None = None) -> Xvfb:
+    """Start Xvfb (in ``chroot`` when given, recorded in ``run_dir``, default the log's directory)
+    and return once it accepts clients."""
+    run_dir = run_dir or log.parent
     read_fd, write_fd = os.pipe()
     program = ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-noreset"]
     argv = chroot.argv(program) if chroot else program
     with log.open("wb") as out:
-        proc = subprocess.Popen(
+        proc = procs.spawn(
             argv,
+            run_dir,
+            "xvfb",
+            keep_fds=(write_fd,),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            pass_fds=(write_fd,),
-            start_new_session=True,
         )
     os.close(write_fd)
     deadline = time.monotonic() + timeout_s
@@ -75,9 +81,9 @@ def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0) -> Xvfb:
     finally:
         os.close(read_fd)
     if not data.strip().isdigit():
-        stop_process(proc)
+        procs.finish(proc, run_dir)
         tail = log.read_text(errors="replace")[-600:] if log.exists() else ""
         raise VmFailed(
             f"Xvfb did not start (log {log}): {tail}", fix="check the host tools: provision host-tools --check"
         )
-    return Xvfb(proc, f":{int(data.strip())}")
+    return Xvfb(proc, f":{int(data.strip())}", run_dir)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from provision.core.errors import INTERNAL_ERROR_STATUS, INTERRUPTED_STATUS, InvalidValue, ProvisionError
+from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, ProvisionError
 
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
@@ -110,6 +110,9 @@ def _crash_dir() -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
     want_json = _wants_json(argv)
+    from provision.adapters import signals
+
+    signals.stop_on_signals()  # SIGTERM/SIGHUP unwind like Ctrl-C: children stopped, exit 128+N
     try:
         args = build_parser().parse_args(argv)
         want_json = want_json or bool(getattr(args, "json", False))
@@ -119,9 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(json.dumps({"error": exc.as_dict()}, indent=2))
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return INTERRUPTED_STATUS
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: 128 + the signal's number
+        print(f"interrupted ({str(exc) or 'SIGINT'})", file=sys.stderr)
+        return signals.exit_status(exc)
     except SystemExit:
         raise  # --help and --version
     except BrokenPipeError:  # the reader went away (`provision … | head`): not an error of ours

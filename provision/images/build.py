@@ -17,7 +17,7 @@ from pathlib import Path
 
 import filelock
 
-from provision.adapters import debootstrap, podman
+from provision.adapters import debootstrap, partials, podman
 from provision.core import catalog as catalog_mod
 from provision.core import layout, paths
 from provision.core import pins as pins_mod
@@ -110,8 +110,7 @@ def prepare_context(rendered: render.Rendered, stack: catalog_mod.Stack, model_p
     key = _short({"containerfile": rendered.containerfile, "files": rendered.files})
     context = paths.cache_dir("contexts") / f"{stack.name}-{key}"
     tmp = context.with_name(context.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    partials.remove(tmp)
     rendered.write(tmp)
     local = local_input_files(stack)
     for item in rendered.inputs:

@@ -5,7 +5,7 @@ virglrenderer's render server on the host, which runs the host's Vulkan driver (
 GPU, or lavapipe). Order of a run, each step failing with its own error code:
 catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> Xvfb -> QEMU ->
 the guest's exit status, or E021 on the deadline. QEMU and Xvfb are always stopped and
-reaped by pid, on every path out (timeout, Ctrl-C, errors).
+reaped on every path out; started by adapters/procs.py, they also die with a killed provision.
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import qemu, xvfb
+from provision.adapters import procs, qemu, xvfb
 from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
+from provision.hosts.linux import companions, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import slots, watchdog
 from provision.hosts.linux import tools as host_tools
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
@@ -127,9 +127,11 @@ class LinuxBackend:
         deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
+        procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
         slot = slots.acquire(deadline) if gpu else None
         try:
-            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err)
+            fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
+            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds)
         finally:
             if slot is not None:
                 slot.release()
@@ -149,6 +151,7 @@ class LinuxBackend:
         deadline: float,
         out: BinaryIO,
         err: BinaryIO,
+        keep_fds: tuple[int, ...] = (),
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -195,25 +198,30 @@ class LinuxBackend:
                 env["SDL_VIDEODRIVER"] = "x11"
             full = chroot.argv(argv, env) if chroot else argv
             with (run_dir / "qemu.log").open("wb") as qlog:
-                proc = subprocess.Popen(
+                proc = procs.spawn(
                     full,
+                    run_dir,
+                    "qemu",
+                    keep_fds=keep_fds,
                     stdin=subprocess.DEVNULL,
                     stdout=qlog,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
                     env=None if chroot else {**os.environ, **env},
                 )
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers)
+            beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
+            # QEMU first: with Xvfb gone first, QEMU's SDL display dies on the lost X connection instead.
             if proc is not None:
-                xvfb.stop_process(proc, grace_s=3.0)
+                procs.finish(proc, run_dir, grace_s=3.0)
             if x is not None:
                 x.stop()
+            procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
             _prune_runs()
 
 
@@ -225,6 +233,7 @@ def _watch(
     err: BinaryIO,
     *,
     watch_workers: bool = False,
+    beside: companions.Companions | None = None,
 ) -> int:
     streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
@@ -255,6 +264,9 @@ def _watch(
                 raise death.error()
         if proc.poll() is not None:
             break
+        dead = beside.poll() if beside is not None else None
+        if dead is not None:  # the caller stops QEMU and the rest at once
+            raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
         if time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
@@ -339,7 +351,8 @@ def _prune_runs() -> None:
     base = cache_dir("runs")
     runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     for old in runs[:-KEEP_RUNS]:
-        shutil.rmtree(old, ignore_errors=True)
+        if not procs.records(old):  # a run whose processes are still recorded is not finished
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def image_for(stack: Stack) -> tuple[str, str]:
@@ -411,8 +424,8 @@ def host_native_bench(model: Path, timeout: float = 600) -> str | None:
     else:
         program[2] = str(model)
         argv = program
-    proc = subprocess.run(
-        argv, capture_output=True, text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
+    proc = procs.run(
+        argv, "llama-bench", text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
     )
     if proc.returncode != 0:
         raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")

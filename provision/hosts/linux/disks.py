@@ -13,13 +13,13 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from filelock import FileLock
 
+from provision.adapters import partials, procs
 from provision.core.errors import ImageBuildFailed, ToolMissing
 from provision.core.paths import cache_dir
 from provision.images import build as images
@@ -50,12 +50,13 @@ class RootDisk:
 def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None:
     if not shutil.which("mkfs.ext4"):
         raise ToolMissing("mkfs.ext4 is not installed", fix="apt-get install e2fsprogs (scripts/setup-debian does)")
-    used = int(
-        subprocess.run(["du", "-sb", str(source_dir)], capture_output=True, text=True, check=True).stdout.split()[0]
-    )
+    du = procs.run(["du", "-sb", str(source_dir)], "du", text=True)
+    if du.returncode != 0:
+        raise ImageBuildFailed(f"du -sb {source_dir} failed: {du.stderr.strip()[-400:]}")
+    used = int(du.stdout.split()[0])
     # ext4 metadata and block rounding of many small files need room beyond `du`.
     size_mib = int(used * 1.3 / 2**20) + extra_mib
-    proc = subprocess.run(
+    proc = procs.run(
         [
             "mkfs.ext4",
             "-q",
@@ -69,7 +70,7 @@ def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None
             str(dest),
             f"{size_mib}M",
         ],
-        capture_output=True,
+        "mkfs.ext4",
         text=True,
     )
     if proc.returncode != 0:
@@ -100,9 +101,9 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
     with FileLock(str(final) + ".lock"):
         if done.is_file():
             return root_disk(image_ref, image_id)
+        # Left by a killed export: never used (no disk.json), removed and made again.
         partial = final.with_name(key + ".partial")
-        if partial.exists():
-            shutil.rmtree(partial)
+        partials.remove(partial)
         partial.mkdir(parents=True)
         rootfs = images.export_rootfs(image_ref, partial / "rootfs")
         target = rootfs / INIT_IN_GUEST
@@ -118,8 +119,7 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
         (partial / "disk.json").write_text(
             json.dumps({"image": image_ref, "image_id": image_id, "kernel": kernel.name, "initrd": initrd.name})
         )
-        if final.exists():
-            shutil.rmtree(final)
+        partials.remove(final)  # a final without disk.json is half-removed, not whole
         partial.rename(final)
     _prune_disks(keep=final)
     return root_disk(image_ref, image_id)

@@ -23,8 +23,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from provision.adapters import debootstrap, qemu
+from provision.adapters import debootstrap, partials, procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
@@ -186,17 +187,22 @@ def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
 # --- making the chroot -------------------------------------------------------------------
 
 
-def _run(argv: list[str], log: Callable[[str], None], **kw: object) -> None:
+def _run(argv: list[str], log: Callable[[str], None], **kw: Any) -> None:
     """Run one step, streaming its output to ``log`` (long builds show progress)."""
     log("+ " + " ".join(argv[-12:]) if len(argv) > 12 else "+ " + " ".join(argv))
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)  # type: ignore[call-overload]
+    run_dir = procs.job_dir()
+    proc = procs.spawn(argv, run_dir, "host-tools", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
     tail: list[str] = []
     assert proc.stdout is not None
-    for raw in proc.stdout:
-        line = raw.rstrip("\n")
-        log(line)
-        tail = (tail + [line])[-25:]
-    if proc.wait() != 0:
+    try:
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            log(line)
+            tail = (tail + [line])[-25:]
+        proc.wait()
+    finally:
+        procs.finish(proc, run_dir)
+    if proc.returncode != 0:
         raise HostToolsMissing(
             f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {proc.returncode}:\n"
             + "\n".join(tail),
@@ -215,18 +221,19 @@ def make(
             "making the host-tools chroot needs root (debootstrap, chroot)", fix="run `sudo provision host-tools`"
         )
     final = cached_root(pins)
-    if (final / READY_STAMP).is_file() and not force:
+    # A tree being built; one left by a killed `host-tools` is never used (no stamp) and removed here.
+    partial = final.with_name(final.name + ".building")
+    if (final / READY_STAMP).is_file() and not force and not _leftovers(final):
         log(f"host tools: cached at {final}")
         return HostTools(final, "cache")
     from filelock import FileLock
 
     with FileLock(str(final) + ".lock"):
+        for leftover in _leftovers(final):
+            log(f"host tools: removing {leftover}, left by a host-tools that did not finish")
+            partials.remove(leftover)
         if (final / READY_STAMP).is_file() and not force:
             return HostTools(final, "cache")
-        # A complete sid tree that has not had its packages installed yet.
-        partial = final.with_name(final.name + ".building")
-        if partial.exists():
-            shutil.rmtree(partial)
         suite = pins.debian["suite"]
         log(f"host tools: debootstrap {suite} -> {partial}")
         debootstrap.make_rootfs(suite, partial)
@@ -241,7 +248,20 @@ def make(
             json.dumps({"suite": suite, "packages": spec, "key": cache_key(pins)}, indent=2)
         )
         if final.exists():
-            shutil.rmtree(final)
-        partial.rename(final)
+            # Out of the way by rename first: a kill during the removal leaves a leftover, not a stampless final.
+            old = final.with_name(final.name + ".old")
+            final.rename(old)
+            partial.rename(final)
+            partials.remove(old)
+        else:
+            partial.rename(final)
     log(f"host tools: ready at {final}")
     return HostTools(final, "cache")
+
+
+def _leftovers(final: Path) -> list[Path]:
+    """Half-made trees beside ``final`` (the stampless final itself included)."""
+    found = [final.with_name(final.name + s) for s in (".building", ".building.partial", ".old")]
+    if final.exists() and not (final / READY_STAMP).is_file():
+        found.append(final)
+    return [p for p in found if p.exists()]

@@ -1,0 +1,40 @@
+"""The processes a GPU guest needs beside QEMU; one of them dying ends the run at once.
+
+QEMU does not always notice: a render server killed while the guest holds no Vulkan context
+is only missed at the next context, and a guest running ``sleep`` would then hold its GPU
+slot until its deadline. So the run watches Xvfb (ours) and the render server (QEMU's child,
+recorded with ``procs.adopt`` once seen, so it is stopped with the run even if QEMU is gone).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.adapters import procs
+from provision.hosts.linux import watchdog
+
+# /proc/PID/comm keeps 15 characters: "virgl_render_se".
+RENDER_SERVER = re.compile(r"^virgl_render")
+
+
+@dataclass
+class Companions:
+    qemu_pid: int
+    run_dir: Path
+    xvfb: procs.Record | None = None
+    render_server: procs.Record | None = None
+
+    def poll(self) -> str | None:
+        """What died (a sentence), or None while every companion lives."""
+        if self.xvfb is not None and not self.xvfb.alive():
+            return f"Xvfb (pid {self.xvfb.pid}), QEMU's display, exited"
+        if self.render_server is None:
+            for pid, name in watchdog.descendants(self.qemu_pid).items():
+                if RENDER_SERVER.match(name) and procs.parent(pid) == self.qemu_pid:
+                    self.render_server = procs.adopt(pid, self.run_dir, "render-server")
+                    break
+        elif not self.render_server.alive():
+            return f"the render server (pid {self.render_server.pid}, virgl_render_server) exited"
+        return None
