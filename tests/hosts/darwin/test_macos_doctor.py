@@ -15,6 +15,7 @@ from provision.adapters import dylib, lsof
 from provision.core import pins
 from provision.core.errors import MachineFailed
 from provision.hosts.darwin import doctor as dd
+from provision.hosts.darwin import podman_checks as pc
 from provision.hosts.darwin import versions
 from provision.hosts.darwin.backend import verify_virglrenderer
 from provision.hosts.darwin.bundle import KrunBundle
@@ -90,17 +91,17 @@ def test_podman_helper_search_order(tmp_path):
     shutil.copy(ours / "bin" / "krunkit", other / "krunkit")
     conf = tmp_path / "containers.conf"
     conf.write_text(f'[engine]\nhelper_binaries_dir = ["$BINDIR/../libexec/podman", "{other}"]\n')
-    merged = dd.read_containers_conf([conf])
+    merged = pc.read_containers_conf([conf])
     env = {"PATH": "/usr/bin"}
-    found, tried = dd.find_helper("krunkit", env, merged, Path("/usr/bin"))
+    found, tried = pc.find_helper("krunkit", env, merged, Path("/usr/bin"))
     assert found == other / "krunkit" and tried[0].startswith("helper_binaries_dir:/usr/bin/../libexec")
-    c = dd.check_podman_finds_krunkit(found, tried, KrunBundle(ours))
+    c = pc.check_podman_finds_krunkit(found, tried, KrunBundle(ours))
     assert c.status == "warn" and str(other) in c.evidence
     env["CONTAINERS_HELPER_BINARY_DIR"] = str(ours / "bin")
-    found, _ = dd.find_helper("krunkit", env, merged, None)
-    assert dd.check_podman_finds_krunkit(found, [], KrunBundle(ours)).status == "ok"
-    found, tried = dd.find_helper("krunkit", {"PATH": str(tmp_path)}, {}, None)
-    c = dd.check_podman_finds_krunkit(found, tried, KrunBundle(ours))
+    found, _ = pc.find_helper("krunkit", env, merged, None)
+    assert pc.check_podman_finds_krunkit(found, [], KrunBundle(ours)).status == "ok"
+    found, tried = pc.find_helper("krunkit", {"PATH": str(tmp_path)}, {}, None)
+    c = pc.check_podman_finds_krunkit(found, tried, KrunBundle(ours))
     assert c.status == "fail" and "would not find krunkit" in c.evidence
 
 
@@ -172,37 +173,37 @@ def test_otool_output_resolves_virglrenderer_through_rpath(tmp_path):
 
 def test_apir_env_missing_files_and_the_venus_warning(tmp_path):
     b = make_bundle(tmp_path / "b")
-    assert dd.check_apir_env({}, None).status == "skip"
-    assert dd.check_apir_env({}, "apir").status == "fail"
+    assert pc.check_apir_env({}, None).status == "skip"
+    assert pc.check_apir_env({}, "apir").status == "fail"
     env = {
         "VIRGL_APIR_BACKEND_LIBRARY": str(b / "lib" / "libggml-virtgpu-backend.dylib"),
         "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(b / "lib" / "libggml-metal.dylib"),
         "APIR_LLAMA_CPP_GGML_LIBRARY_REG": "ggml_backend_metal_reg",
     }
-    assert dd.check_apir_env(env, "apir").status == "ok"
-    assert dd.check_apir_env({**env, "VIRGL_ROUTE_VENUS_TO_APIR": "1"}, "apir").status == "warn"
-    gone = dd.check_apir_env({**env, "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(tmp_path / "nope.dylib")}, "apir")
+    assert pc.check_apir_env(env, "apir").status == "ok"
+    assert pc.check_apir_env({**env, "VIRGL_ROUTE_VENUS_TO_APIR": "1"}, "apir").status == "warn"
+    gone = pc.check_apir_env({**env, "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(tmp_path / "nope.dylib")}, "apir")
     assert gone.status == "fail" and "nope.dylib does not exist" in gone.evidence
-    nolog = dd.check_apir_env({**env, "VIRGL_APIR_LOG_TO_FILE": str(tmp_path / "no" / "dir.log")}, "apir")
+    nolog = pc.check_apir_env({**env, "VIRGL_APIR_LOG_TO_FILE": str(tmp_path / "no" / "dir.log")}, "apir")
     assert nolog.status == "fail"
-    assert dd.check_apir_bundle(KrunBundle(b)).status == "ok"
-    assert dd.check_apir_bundle(KrunBundle(make_bundle(tmp_path / "venus-only", apir=False))).status == "warn"
+    assert pc.check_apir_bundle(KrunBundle(b)).status == "ok"
+    assert pc.check_apir_bundle(KrunBundle(make_bundle(tmp_path / "venus-only", apir=False))).status == "warn"
 
 
 def test_dyld_library_path_in_ssh_fails_and_elsewhere_warns():
-    assert dd.check_dyld({}).status == "ok"
-    ssh = dd.check_dyld({"DYLD_LIBRARY_PATH": "/x/src", "SSH_CONNECTION": "10.0.0.2 5555 10.0.0.1 22"})
+    assert pc.check_dyld({}).status == "ok"
+    ssh = pc.check_dyld({"DYLD_LIBRARY_PATH": "/x/src", "SSH_CONNECTION": "10.0.0.2 5555 10.0.0.1 22"})
     assert ssh.status == "fail" and "SSH" in ssh.evidence
-    assert dd.check_dyld({"DYLD_LIBRARY_PATH": "/x/src"}).status == "warn"
+    assert pc.check_dyld({"DYLD_LIBRARY_PATH": "/x/src"}).status == "warn"
 
 
 def test_machine_memory_limits():
     from provision.adapters.podman_machine import MachineInfo
 
-    assert dd.check_machine_memory(COMPAT, None, 4096).status == "skip"
-    assert dd.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 8192), 4096).status == "ok"
-    assert dd.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 62000), 4096).status == "fail"
-    assert dd.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 61440), 4096).status == "warn"
+    assert pc.check_machine_memory(COMPAT, None, 4096).status == "skip"
+    assert pc.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 8192), 4096).status == "ok"
+    assert pc.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 62000), 4096).status == "fail"
+    assert pc.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 61440), 4096).status == "warn"
 
 
 def test_darwin_checks_end_to_end_on_a_bundle_built_here(tmp_path):
@@ -230,9 +231,9 @@ def test_darwin_checks_end_to_end_on_a_bundle_built_here(tmp_path):
 
 def test_machine_provider_seen_by_plain_podman(tmp_path):
     v5, v6 = versions.Version(5, 7, 0), versions.Version(6, 0, 2)
-    assert dd.check_provider({}, {}, v5).status == "warn"  # podman 5 defaults to applehv
-    assert dd.check_provider({}, {}, v6).status == "ok"  # podman 6: libkrun by default
+    assert pc.check_provider({}, {}, v5).status == "warn"  # podman 5 defaults to applehv
+    assert pc.check_provider({}, {}, v6).status == "ok"  # podman 6: libkrun by default
     conf = tmp_path / "containers.conf"
     conf.write_text('[machine]\nprovider = "libkrun"\n')
-    assert dd.check_provider({}, dd.read_containers_conf([conf]), v5).status == "ok"
-    assert dd.check_provider({"CONTAINERS_MACHINE_PROVIDER": "applehv"}, {}, v6).status == "warn"
+    assert pc.check_provider({}, pc.read_containers_conf([conf]), v5).status == "ok"
+    assert pc.check_provider({"CONTAINERS_MACHINE_PROVIDER": "applehv"}, {}, v6).status == "warn"
