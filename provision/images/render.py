@@ -23,6 +23,7 @@ from provision import __version__
 from provision.core import catalog, layout
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
+from provision.images import fedora_pins
 
 _UNSAFE = re.compile(r"[\n\r$`\"'\\;&|<>]")
 _PLAIN = re.compile(r"^[A-Za-z0-9._+:/=@%,~-]+$")
@@ -251,6 +252,7 @@ def render(
         fedora = pins.fedora
         for k in ("image", "copr", "mesa_vulkan_drivers", "mesa_filesystem"):
             _plain(fedora.get(k), f"fedora.{k}", pins.path)
+        fedora_pins.nevrs(fedora)  # each Mesa NEVR is built for the image's release
         if stack.build is None:
             raise InvalidValue(f"stacks.{stack.name}: the fedora template builds from source and needs a build section")
         labels["org.opencontainers.image.base.name"] = fedora["image"]

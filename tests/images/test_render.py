@@ -45,7 +45,8 @@ def test_every_stack_parses_and_passes_hadolint(name, tmp_path, repo):
     files = sorted(out.glob("Containerfile*"))
     assert len(files) == 1 + len(rendered(name).package_stages) >= 2
     for f in files:
-        proc = subprocess.run([hadolint, "--config", str(repo / ".hadolint.yaml"), str(f)], capture_output=True, text=True)
+        config = str(repo / ".hadolint.yaml")
+        proc = subprocess.run([hadolint, "--config", config, str(f)], capture_output=True, text=True)
         assert proc.returncode == 0, f"{f.name}: " + proc.stdout + proc.stderr
 
 
