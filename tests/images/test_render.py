@@ -3,6 +3,7 @@ project's config, deterministic, and semantically what each route needs."""
 
 from __future__ import annotations
 
+import io
 import re
 import shutil
 import subprocess
@@ -27,7 +28,8 @@ def rendered(name: str):
 
 
 def instructions(text: str) -> list[dict]:
-    parser = DockerfileParser(fileobj=None)
+    # In memory: DockerfileParser(fileobj=None) reads and writes ./Dockerfile.
+    parser = DockerfileParser(fileobj=io.BytesIO())
     parser.content = text
     return parser.structure
 
