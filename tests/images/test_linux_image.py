@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from provision.images import build as images
 from provision.adapters import podman
 from provision.cli import image as image_cli
+from provision.images import build as images
 
 pytestmark = pytest.mark.slow
 
