@@ -62,6 +62,7 @@ def test_the_guest_keeps_what_the_route_uses(rootfs):
 
 
 def test_the_guest_drops_what_it_never_uses(rootfs):
+    assert not list((rootfs / "usr/lib/modules").glob("*/vmlinuz")), "/boot has the kernel; no second copy"
     modules = list((rootfs / "usr/lib/modules").rglob("*.ko*"))
     assert 0 < len(modules) <= 20, f"{len(modules)} kernel modules kept"
     status = (rootfs / "var/lib/dpkg/status").read_text()
