@@ -50,6 +50,17 @@ class BuildFlags:
             out.append(f"--cgroup-manager={self.cgroup_manager}")
         return out
 
+    def offline(self) -> tuple[list[str], list[str]]:
+        """(command prefix, build args) that take the network away from every RUN step.
+
+        Chroot isolation refuses --network other than host (podman 4.3: "cannot set --network
+        other than host with --isolation chroot") and runs steps in podman's own network
+        namespace, so the whole build runs in a new, empty one (`unshare --net`, root only).
+        --pull=never: a FROM that is not a local image fails instead of reaching a registry."""
+        if self.isolation == "chroot":
+            return ["unshare", "--net"], ["--pull=never"]
+        return [], ["--network=none", "--pull=never"]
+
 
 def probe_host() -> HostFacts:
     try:
@@ -97,13 +108,18 @@ class BuildResult:
     steps: int
     layer_steps: int
     cached_steps: int
+    size: int = 0  # bytes, all layers (what `podman image ls` shows)
 
 
-def build_command(context: Path, tag: str, flags: BuildFlags, containerfile: str = "Containerfile") -> list[str]:
+def build_command(
+    context: Path, tag: str, flags: BuildFlags, containerfile: str = "Containerfile", *, offline: bool = False
+) -> list[str]:
+    """The argv of one build (``podman`` first, or the offline prefix before it)."""
     args = ["build", "--file", str(context / containerfile), "--tag", tag, "--layers=true"]
     if flags.isolation:
         args.append(f"--isolation={flags.isolation}")
-    return [*global_args(flags), *args, str(context)]
+    prefix, extra = flags.offline() if offline else ([], [])
+    return [*prefix, "podman", *global_args(flags), *args, *extra, str(context)]
 
 
 def parse_step(line: str) -> str | None:
@@ -112,17 +128,34 @@ def parse_step(line: str) -> str | None:
     return f"{m.group(1)}/{m.group(2)} {m.group(3)}" if m else None
 
 
-def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], None] | None = None) -> BuildResult:
-    """Run podman build, streaming its output; on failure name the step that failed."""
+def build(
+    context: Path,
+    tag: str,
+    flags: BuildFlags,
+    *,
+    containerfile: str = "Containerfile",
+    offline: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Run podman build, streaming its output; on failure name the step that failed.
+    ``offline``: no RUN step can reach the network (see BuildFlags.offline)."""
     _podman()
+    cmd = build_command(context, tag, flags, containerfile, offline=offline)
+    if cmd[0] == "unshare":
+        if shutil.which("unshare") is None:
+            raise ToolMissing("unshare is not installed", fix="apt-get install util-linux")
+        if os.geteuid() != 0:
+            raise ImageBuildFailed(
+                "an offline build with chroot isolation needs a network namespace of its own (unshare --net), "
+                "which only root can make",
+                fix="build as root, or set PROVISION_PODMAN_ISOLATION=oci where podman can run OCI isolation "
+                "(then --network=none is used)",
+            )
     log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    cmd = build_command(context, tag, flags)
     # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
     # them), never an image under ``tag``. The build stops with provision (procs).
     run_dir = procs.job_dir()
-    proc = procs.spawn(
-        ["podman", *cmd], run_dir, "podman-build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc = procs.spawn(cmd, run_dir, "podman-build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     steps: list[str] = []
     cached = 0
     tail: list[str] = []
@@ -143,12 +176,16 @@ def build(context: Path, tag: str, flags: BuildFlags, *, log: Callable[[str], No
     if rc != 0:
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(
-            f"podman build of {tag} failed at STEP {failing} (exit {rc})\n" + "\n".join(tail[-12:]),
+            f"podman build of {tag} ({containerfile}{', network off' if offline else ''}) failed at STEP {failing} "
+            f"(exit {rc})\n" + "\n".join(tail[-12:]),
             fix="fix the failing step (the output above shows its error) and build again; finished steps stay cached",
         )
-    image_id = inspect(tag)["Id"]
+    info = inspect(tag)
     layer_steps = sum(1 for s in steps if not s.split(" ", 1)[1].upper().startswith("FROM "))
-    return BuildResult(image_id=image_id, steps=len(steps), layer_steps=layer_steps, cached_steps=cached)
+    return BuildResult(
+        image_id=info["Id"], steps=len(steps), layer_steps=layer_steps, cached_steps=cached,
+        size=int(info.get("Size", 0)),
+    )
 
 
 def inspect(ref: str) -> dict:

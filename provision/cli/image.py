@@ -83,7 +83,7 @@ def run_build(args: argparse.Namespace) -> int:
         catalog=catalog.load(args.catalog) if args.catalog else None,
         base_image=args.base_image,
     )
-    r = built.result
+    r = built.totals
     if args.json:
         print(
             dumps(
@@ -94,9 +94,28 @@ def run_build(args: argparse.Namespace) -> int:
                     "steps": r.steps,
                     "layer_steps": r.layer_steps,
                     "cached_steps": r.cached_steps,
+                    "size_bytes": built.result.size,
+                    "package_stages": [
+                        {"stage": s.stage, "ref": s.ref, "id": s.result.image_id, "size_bytes": s.result.size}
+                        for s in built.stages
+                    ],
                 }
             )
         )
     else:
         print(f"built {built.ref} ({built.image_id[:12]}): {r.layer_steps} layer steps, {r.cached_steps} from cache")
+        # Every image this build made, with its size as `podman image ls` counts it (all layers).
+        for s in built.stages:
+            print(f"  {human_size(s.result.size):>10}  {s.ref}  ({s.stage} packages)")
+        print(f"  {human_size(built.result.size):>10}  {built.ref}  (the {built.stack} image)")
     return 0
+
+
+def human_size(size: int) -> str:
+    """Bytes in binary units, one decimal: 912.4 MiB, 1.1 GiB."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

@@ -29,6 +29,7 @@ MESA = ("copr", "distro", "none")
 _TOKEN = re.compile(r"^[A-Za-z0-9._+:/=@%,-]+$")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9.-]*$")
 _ENV_KEY = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_MODULE = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 _UNSAFE = re.compile(r"[\n\r$`\"'\\;&|<>]")
 
 
@@ -43,6 +44,15 @@ class Build:
     targets: tuple[str, ...]
     packages: tuple[str, ...]
     patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Boot:
+    """What a stack that boots as a VM adds: the kernel + initrd packages, installed in a stage
+    of their own, and the kernel modules the guest loads after the initrd (init's modprobe)."""
+
+    packages: tuple[str, ...]
+    modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,7 @@ class Stack:
     runtime_packages: tuple[str, ...]
     guest_env: dict[str, str] = field(default_factory=dict)
     verify: tuple[str, ...] = ()
+    boot: Boot | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -175,7 +186,9 @@ _STACK_KEYS = {
     "runtime_packages",
     "guest_env",
     "verify",
+    "boot",
 }
+_BOOT_KEYS = {"packages", "modules"}
 _BUILD_KEYS = {"source", "cmake_flags", "targets", "packages", "patches"}
 _BUILD_REQUIRED = {"source", "cmake_flags", "targets", "packages"}
 
@@ -247,6 +260,25 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
                     raise v.fail(
                         f"{key}.packages[{i}]", pkg, f"no version pinned under debian.guest_packages in {pins.path}"
                     )
+        boot = None
+        if "boot" in s:
+            if base != "debian":
+                raise v.fail(f"{key}.boot", s["boot"], "only debian stacks boot as VMs")
+            braw = v.mapping(s["boot"], f"{key}.boot", _BOOT_KEYS, _BOOT_KEYS)
+            boot = Boot(
+                v.tokens(braw["packages"], f"{key}.boot.packages"), v.tokens(braw["modules"], f"{key}.boot.modules")
+            )
+            pinned = pins.raw["debian"]["guest_packages"]
+            for i, pkg in enumerate(boot.packages):
+                if pkg not in pinned:
+                    raise v.fail(
+                        f"{key}.boot.packages[{i}]",
+                        pkg,
+                        f"no version pinned under debian.guest_packages in {pins.path}",
+                    )
+            for i, mod in enumerate(boot.modules):
+                if not _MODULE.match(mod):
+                    raise v.fail(f"{key}.boot.modules[{i}]", mod, "a kernel module name (lowercase, digits, _ and -)")
         env_raw = s.get("guest_env") or {}
         if not isinstance(env_raw, dict):
             raise v.fail(f"{key}.guest_env", env_raw, "expected a mapping")
@@ -274,6 +306,7 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             runtime_packages=v.tokens(s.get("runtime_packages", []), f"{key}.runtime_packages"),
             guest_env=guest_env,
             verify=verify,
+            boot=boot,
         )
     return Catalog(path, stacks)
 

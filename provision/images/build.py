@@ -26,11 +26,49 @@ from provision.images import render
 
 
 @dataclass(frozen=True)
+class StageImage:
+    """A package stage's image, built (with the network on) before the stack's own build."""
+
+    stage: str
+    ref: str
+    result: podman.BuildResult
+
+
+@dataclass(frozen=True)
 class BuiltImage:
     ref: str
     image_id: str
     stack: str
     result: podman.BuildResult
+    stages: tuple[StageImage, ...] = ()
+
+    @property
+    def totals(self) -> podman.BuildResult:
+        """Steps of every build this image took (package stages + the offline build)."""
+        parts = [s.result for s in self.stages] + [self.result]
+        return podman.BuildResult(
+            self.image_id,
+            sum(p.steps for p in parts),
+            sum(p.layer_steps for p in parts),
+            sum(p.cached_steps for p in parts),
+            self.result.size,
+        )
+
+
+# Bump when the base's recipe changes in a way the pins do not show.
+BASE_RECIPE = 2
+# Guest images carry no documentation, manual pages or translations (the copyright files stay):
+# dpkg skips them for every package installed on the base, and the base drops its own.
+DPKG_NODOC = """\
+# krun-gpu: no documentation or translations in guest images (copyright files stay).
+path-exclude=/usr/share/doc/*
+path-include=/usr/share/doc/*/copyright
+path-exclude=/usr/share/man/*
+path-exclude=/usr/share/info/*
+path-exclude=/usr/share/locale/*
+path-include=/usr/share/locale/locale.alias
+path-exclude=/usr/share/lintian/*
+"""
 
 
 def _short(data: object) -> str:
@@ -42,7 +80,7 @@ def base_ref(base: str, pins: pins_mod.Pins) -> str:
     if base != "debian":
         raise InvalidValue(f"base {base!r}: only the debian base is made locally")
     deb = pins.debian
-    key = _short({"suite": deb["suite"], "variant": "minbase", "snapshot": deb["provenance"]})
+    key = _short({"suite": deb["suite"], "variant": "minbase", "snapshot": deb["provenance"], "recipe": BASE_RECIPE})
     return f"localhost/krun-gpu-base/debian-{deb['suite']}:{key}"
 
 
@@ -58,9 +96,31 @@ def ensure_base(base: str, pins: pins_mod.Pins | None = None) -> str:
             return ref
         rootfs = paths.cache_dir("rootfs") / name
         debootstrap.make_rootfs(pins.debian["suite"], rootfs)
+        slim_rootfs(rootfs)
         podman.import_rootfs(rootfs, ref)
         shutil.rmtree(rootfs, ignore_errors=True)
     return ref
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def slim_rootfs(rootfs: Path) -> None:
+    """What no guest needs, gone before the base is imported (a later layer cannot shrink it):
+    apt's package lists and downloaded archives, documentation and translations."""
+    (rootfs / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True, exist_ok=True)
+    (rootfs / "etc/dpkg/dpkg.cfg.d/krun-gpu-nodoc").write_text(DPKG_NODOC)
+    keep = {"lock", "partial", "copyright", "locale.alias"}
+    for pattern in ("var/lib/apt/lists/*", "var/cache/apt/*.bin", "var/cache/apt/archives/*.deb",
+                    "usr/share/man/*", "usr/share/info/*", "usr/share/lintian/*", "usr/share/locale/*",
+                    "usr/share/doc/*/*"):
+        for path in rootfs.glob(pattern):
+            if path.name not in keep:
+                _remove(path)
 
 
 def offline_cmake_input() -> tuple[Path, str]:
@@ -160,9 +220,15 @@ def build(
     context = prepare_context(rendered, stack, model_path)
     ref = tag or default_tag(rendered)
     flags = podman.decide_flags(podman.probe_host())
-    print(f"image: building {stack.name} as {ref} ({' '.join(flags.args()) or 'default isolation'})", file=sys.stderr)
-    result = podman.build(context, ref, flags, log=log)
-    return BuiltImage(ref=ref, image_id=result.image_id, stack=stack.name, result=result)
+    stages = []
+    for stage in rendered.package_stages:
+        print(f"image: {stack.name}: {stage.stage} packages as {stage.ref} (network on)", file=sys.stderr)
+        stage_result = podman.build(context, stage.ref, flags, containerfile=stage.file, log=log)
+        stages.append(StageImage(stage.stage, stage.ref, stage_result))
+    print(f"image: building {stack.name} as {ref} ({' '.join(flags.args()) or 'default isolation'}, network off)",
+          file=sys.stderr)
+    result = podman.build(context, ref, flags, offline=True, log=log)
+    return BuiltImage(ref=ref, image_id=result.image_id, stack=stack.name, result=result, stages=tuple(stages))
 
 
 def export_rootfs(image_ref: str, dest: Path) -> Path:

@@ -1,5 +1,6 @@
 """The Linux APIR guest stack (llama-apir-linux) builds for real from the pinned llama.cpp
-source, offline (no venus_hw.h download), with our supports_op patch, and its llama-bench
+source, offline (no venus_hw.h download; every step after the package stages has no network),
+with our supports_op patch; its llama-cli reports the pinned build and commit, and its llama-bench
 starts and reports that no virtgpu device is present on a host without one."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import subprocess
 import pytest
 
 from provision.adapters import podman
-from provision.core import catalog
+from provision.core import catalog, pins
 from provision.images import build as images
 
 pytestmark = pytest.mark.slow
@@ -32,9 +33,25 @@ def test_image_carries_the_route_protocol_and_patch(built):
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env
 
 
-def test_llama_bench_lists_no_virtgpu_device_without_one(built, tmp_path):
-    rootfs = images.export_rootfs(built.ref, tmp_path / "rootfs")
-    for tool in ("llama-bench", "test-backend-ops", "llama-simple"):
+@pytest.fixture(scope="module")
+def rootfs(built, tmp_path_factory):
+    return images.export_rootfs(built.ref, tmp_path_factory.mktemp("apir-linux") / "rootfs")
+
+
+def test_llama_cli_version_prints_the_pinned_build_and_commit(built, rootfs):
+    llama = pins.default().source("llama-cpp")
+    proc = subprocess.run(["chroot", str(rootfs), "/usr/local/bin/llama-cli", "--version"],
+                          capture_output=True, text=True, timeout=60)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # without the pinned -DLLAMA_BUILD_* the .git-less tree says "build 0, commit unknown"
+    pinned = f"build {llama['build_number']}, commit {llama['rev'][:9]}"
+    assert f"({pinned})" in out, out
+    assert podman.labels(built.ref)["krun-gpu.pin.llama-cpp.version"] == pinned
+
+
+def test_llama_bench_lists_no_virtgpu_device_without_one(built, rootfs):
+    for tool in ("llama-cli", "llama-bench", "test-backend-ops", "llama-simple"):
         assert (rootfs / "usr/local/bin" / tool).is_file()
     assert list((rootfs / "boot").glob("vmlinuz-*")) and list((rootfs / "boot").glob("initrd.img-*"))
     proc = subprocess.run(

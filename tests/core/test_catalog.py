@@ -27,8 +27,11 @@ def test_catalog_has_the_four_product_stacks():
         "llama.cpp-tools",
         "libggml0-backend-vulkan",
         "vulkan-tools",
-        "linux-image-amd64",
+        "kmod",
     } <= set(linux.packages)
+    # the kernel and the tools that make its initrd live in a stage of their own
+    assert linux.boot is not None and {"linux-image-amd64", "initramfs-tools"} <= set(linux.boot.packages)
+    assert "linux-image-amd64" not in linux.packages and "virtio_gpu" in linux.boot.modules
     assert not stacks["cpu"].gpu
 
 
@@ -90,7 +93,17 @@ def test_unknown_key_names_its_path(tmp_path):
             "stacks.cpu.verify[0]",
             "true && reboot",
         ),
-        (lambda d: d["stacks"]["cpu"]["packages"].append("not-pinned-pkg"), "stacks.cpu.packages[5]", "not-pinned-pkg"),
+        (lambda d: d["stacks"]["cpu"]["packages"].append("not-pinned-pkg"), "stacks.cpu.packages[2]", "not-pinned-pkg"),
+        (
+            lambda d: d["stacks"]["cpu"].__setitem__("boot", {"packages": ["kmod"], "modules": ["ext4;x"]}),
+            "stacks.cpu.boot.modules[0]",
+            "ext4;x",
+        ),
+        (
+            lambda d: d["stacks"]["cpu"].__setitem__("boot", {"packages": ["linux-image-rt"], "modules": ["ext4"]}),
+            "stacks.cpu.boot.packages[0]",
+            "linux-image-rt",
+        ),
     ],
 )
 def test_unsafe_or_unpinned_values_are_rejected(tmp_path, mutate, key, value):

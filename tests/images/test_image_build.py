@@ -4,12 +4,17 @@ with podman): labels land on the image, a rebuild is fully cached, a failing ste
 from __future__ import annotations
 
 import json
+import re
+import socketserver
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 import yaml
 
 from provision.adapters import podman
+from provision.cli import image as image_cli
 from provision.cli import main
 from provision.core import catalog, errors, pins
 from provision.images import build as images
@@ -70,6 +75,60 @@ def test_build_labels_and_full_cache_on_rebuild(tmp_path, busybox_image, capsys)
     assert second["id"] == first.image_id
     assert second["layer_steps"] == first.result.layer_steps
     assert second["cached_steps"] == second["layer_steps"], "a rebuild must reuse every layer"
+    assert second["size_bytes"] == podman.inspect(tag)["Size"] > 0
+    assert second["package_stages"] == []
+
+    # the text summary names every image it built, with its size
+    assert main(["image", "build", "busybox-smoke", "--tag", tag, "--base-image", busybox_image,
+                 "--catalog", str(smoke_catalog(tmp_path, ["busybox true", "test -d /opt"]))]) == 0
+    out = capsys.readouterr().out
+    size = image_cli.human_size(second["size_bytes"])
+    assert re.search(rf"^\s+{re.escape(size)}  {re.escape(tag)}  \(the busybox-smoke image\)$", out, re.M), out
+
+
+def test_human_sizes_are_binary_units():
+    assert image_cli.human_size(512) == "512 B"
+    assert image_cli.human_size(966_367_641) == "921.6 MiB"
+    assert image_cli.human_size(1_203_589_846) == "1.1 GiB"
+
+
+class _Hits(socketserver.BaseRequestHandler):
+    """Counts connections and answers each with one line, then closes it."""
+
+    hits = 0
+
+    def handle(self) -> None:
+        type(self).hits += 1
+        self.request.sendall(b"reached\n")
+
+
+def test_steps_after_the_package_step_have_no_network(tmp_path, busybox_image):
+    """A step that connects to a server on 127.0.0.1 succeeds in a plain podman build of the
+    rendered context and fails in provision's build, which runs it with the network off."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Hits)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        # busybox-static's wget cannot run in a build here; its nc connects like any download would
+        fetch = f"busybox nc -w 5 127.0.0.1 {server.server_address[1]}"
+        cat = catalog.load(smoke_catalog(tmp_path, [fetch, "busybox true"]))
+        stack = cat.get("busybox-smoke")
+        # Offline first: a layer the online control build left behind would be reused from the cache.
+        with pytest.raises(errors.ImageBuildFailed) as exc:
+            images.build("busybox-smoke", tag="localhost/krun-gpu-test/busybox-smoke:offline", catalog=cat,
+                         base_image=busybox_image, log=lambda _line: None)
+        assert f"RUN {fetch}" in exc.value.message
+        assert "network off" in exc.value.message
+        assert _Hits.hits == 0, "the offline build reached the host"
+
+        rendered = images.render_stack(stack, pins.default(), base_image=busybox_image)
+        context = images.prepare_context(rendered, stack, None)
+        flags = podman.decide_flags(podman.probe_host())
+        podman.build(context, "localhost/krun-gpu-test/busybox-smoke:online", flags, log=lambda _line: None)
+        assert _Hits.hits == 1, "the online control build must reach the server"
+    finally:
+        server.shutdown()
+        # its cached layers must not stand in for an offline step of a later run
+        subprocess.run(["podman", "rmi", "-f", "localhost/krun-gpu-test/busybox-smoke:online"], capture_output=True)
 
 
 def test_failing_run_names_the_step(tmp_path, busybox_image, capsys):

@@ -84,7 +84,8 @@ def _boot_files(rootfs: Path) -> tuple[Path, Path]:
         raise ImageBuildFailed(
             f"{rootfs}/boot has no vmlinuz-*/initrd.img-* "
             f"(kernels: {[k.name for k in kernels]}, initrds: {[i.name for i in initrds]})",
-            fix="the stack must install linux-image-amd64 and initramfs-tools",
+            fix="give the stack a boot section in provision/data/stacks.yaml "
+            "(boot.packages: [linux-image-amd64, initramfs-tools, kmod, udev])",
         )
     return kernels[-1], initrds[-1]
 
