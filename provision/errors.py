@@ -166,6 +166,14 @@ class BenchGateFailed(ProvisionError):
     summary = "a benchmark gate did not hold"
 
 
+class RunCancelled(ProvisionError):
+    """The caller stopped the run (an API client went away, the API server is stopping)."""
+
+    code = "E026"
+    exit_status = 36
+    summary = "the run was cancelled before the guest finished"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 
@@ -232,6 +240,15 @@ class ProtocolMismatch(ProvisionError):
     code = "E044"
     exit_status = 54
     summary = "guest and host APIR protocol versions differ"
+
+
+# --- the HTTP execution API (provision api) --------------------------------------------------
+
+
+class Unauthorized(ProvisionError):
+    code = "E050"
+    exit_status = 60
+    summary = "the API request carried no valid bearer token"
 
 
 def all_errors() -> list[type[ProvisionError]]:

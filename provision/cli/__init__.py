@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from ..errors import ProvisionError
 
 # Order is the order shown in --help.
-COMMAND_MODULES = ["stacks", "image", "model", "host_tools", "launch", "run", "bench", "doctor", "ggml", "apir"]
+COMMAND_MODULES = ["stacks", "image", "model", "host_tools", "launch", "run", "bench", "doctor", "ggml", "apir", "api"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from .. import catalog, host_tools, slots, vmdisk, watchdog
 from ..adapters import qemu, xvfb
 from ..adapters.chroot import Chroot
 from ..catalog import Stack
-from ..errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
+from ..errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from ..paths import cache_dir
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
@@ -95,7 +96,9 @@ class LinuxBackend:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         model_name: str | None = None,
+        cancel: threading.Event | None = None,
     ) -> RunResult:
+        """``cancel``: set from another thread to stop the guest (E026), e.g. when an API client goes away."""
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
         if stack.route not in self.routes:
@@ -123,9 +126,9 @@ class LinuxBackend:
         deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
-        slot = slots.acquire(deadline) if gpu else None
+        slot = slots.acquire(deadline, cancel=cancel) if gpu else None
         try:
-            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err)
+            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, cancel)
         finally:
             if slot is not None:
                 slot.release()
@@ -145,6 +148,7 @@ class LinuxBackend:
         deadline: float,
         out: BinaryIO,
         err: BinaryIO,
+        cancel: threading.Event | None = None,
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -202,7 +206,7 @@ class LinuxBackend:
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
@@ -221,6 +225,7 @@ def _watch(
     err: BinaryIO,
     *,
     watch_workers: bool = False,
+    cancel: threading.Event | None = None,
 ) -> int:
     streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
@@ -251,6 +256,11 @@ def _watch(
                 raise death.error()
         if proc.poll() is not None:
             break
+        if cancel is not None and cancel.is_set():
+            xvfb.stop_process(proc, grace_s=2.0)
+            for s in streams:
+                s.pump()
+            raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
         if time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
