@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
 from types import FrameType
 
 from .auth import require_token_policy
@@ -59,7 +60,8 @@ def serve(settings: Settings, runner: Runner | None = None) -> int:
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            jobs.drain(settings.grace_s)
+            # A signal handler may interrupt code that holds the runner's lock: drain from a thread.
+            threading.Thread(target=jobs.drain, args=(settings.grace_s,), name="drain", daemon=True).start()
             super().handle_exit(sig, frame)
 
     auth = "bearer token required" if settings.token else "no token (loopback only)"
