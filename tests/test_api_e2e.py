@@ -8,8 +8,10 @@ timeout, disconnect and SIGTERM tests stop their guests within seconds of QEMU s
 
 from __future__ import annotations
 
+import json
 import re
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -78,9 +80,9 @@ def test_gpu_on_the_cpu_stack_is_400_e007_at_once_and_starts_no_vm(api: Api) -> 
 
 def test_gpu_slots_are_the_ones_provision_run_takes(api: Api) -> None:
     """Both slots held the way `provision run --gpu` holds them: an API GPU job gets 503 E022, no VM."""
-    held = [slots.try_acquire() for _ in range(slots.slot_count())]
+    # Other runs on this host may hold a slot now: wait for each, as `provision run --gpu` would.
+    held = [slots.acquire(time.monotonic() + 1200) for _ in range(slots.slot_count())]
     try:
-        assert all(held)
         start = time.monotonic()
         status, headers, body = api.execute({"language": "llama-linux", "gpu": True, "timeout": 5, "code": "true"})
         assert status == 503 and body["error"]["code"] == "E022", body
@@ -89,8 +91,7 @@ def test_gpu_slots_are_the_ones_provision_run_takes(api: Api) -> None:
         assert api.children() == []
     finally:
         for s in held:
-            if s:
-                s.release()
+            s.release()
 
 
 def test_a_job_past_its_timeout_is_408_and_its_vm_is_gone(api: Api) -> None:
@@ -124,6 +125,21 @@ def test_a_client_that_goes_away_cancels_its_guest(api: Api) -> None:
         started = next(r for _, r in records if r["event"] == "started")
     assert wait_gone(started["qemu_pid"], 30)
     assert any("stream closed early" in line for line in api.log)
+
+
+def test_a_client_that_leaves_execute_cancels_its_guest(api: Api) -> None:
+    conn = socket.create_connection((api.host, api.port))
+    body = json.dumps({"language": "cpu", "timeout": 900, "code": "sleep 600"}).encode()
+    head = f"POST /api/v1/execute HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}"
+    conn.sendall(head.encode() + b"\r\n\r\n" + body)
+    end = time.monotonic() + 120
+    while api.request("GET", "/api/v1/health")[2]["running"] == 0 and time.monotonic() < end:
+        time.sleep(0.5)
+    vms = api.children()
+    assert vms, "no VM started"
+    conn.close()
+    assert all(wait_gone(pid, 30) for pid in vms)
+    assert any("client went away" in line for line in api.log)
 
 
 def test_ten_cpu_jobs_with_max_vms_2_all_complete_two_at_a_time(guests: None) -> None:
