@@ -61,6 +61,8 @@ def test_three_gpu_jobs_two_run_at_once_the_third_after_one_ends(api: Api) -> No
         assert gone(body["qemu_pid"])
         results.append(body)
     first, second, third = sorted(results, key=lambda r: at(r["started_at"]))
+    for r in (first, second, third):  # shown with pytest -rP: the evidence in the report
+        print(f"job {r['job']}: started {r['started_at']} ended {r['ended_at']} device {r['device']}")
     # the first two overlap: each started before the other ended
     assert at(second["started_at"]) < at(first["ended_at"])
     # the third waited for a GPU slot: it started only once one of the first two had ended
@@ -78,20 +80,24 @@ def test_gpu_on_the_cpu_stack_is_400_e007_at_once_and_starts_no_vm(api: Api) -> 
     assert api.request("GET", "/api/v1/health")[2]["running"] == 0
 
 
-def test_gpu_slots_are_the_ones_provision_run_takes(api: Api) -> None:
-    """Both slots held the way `provision run --gpu` holds them: an API GPU job gets 503 E022, no VM."""
-    # Other runs on this host may hold a slot now: wait for each, as `provision run --gpu` would.
-    held = [slots.acquire(time.monotonic() + 1200) for _ in range(slots.slot_count())]
-    try:
-        start = time.monotonic()
-        status, headers, body = api.execute({"language": "llama-linux", "gpu": True, "timeout": 5, "code": "true"})
-        assert status == 503 and body["error"]["code"] == "E022", body
-        assert int(headers["retry-after"]) > 0
-        assert 5 <= time.monotonic() - start < 30
-        assert api.children() == []
-    finally:
-        for s in held:
-            s.release()
+def test_gpu_slots_are_the_ones_provision_run_takes(guests: None) -> None:
+    """A slot held the way `provision run --gpu` holds it (slots.acquire, same files) is one the API
+    cannot take: with one slot on the host, an API GPU job gets 503 E022 and starts no VM."""
+    one = {slots.ENV_VAR: "1"}
+    with api_server(env=one) as server:
+        # Other runs on this host may hold the slot now: wait for it, as `provision run --gpu` would.
+        held = slots.acquire(time.monotonic() + 1800, count=1)
+        try:
+            start = time.monotonic()
+            status, headers, body = server.execute(
+                {"language": "llama-linux", "gpu": True, "timeout": 5, "code": "true"}
+            )
+            assert status == 503 and body["error"]["code"] == "E022", body
+            assert int(headers["retry-after"]) > 0
+            assert 5 <= time.monotonic() - start < 30
+            assert server.children() == []
+        finally:
+            held.release()
 
 
 def test_a_job_past_its_timeout_is_408_and_its_vm_is_gone(api: Api) -> None:
