@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from provision.cli.output import table  # noqa: E402
-from tests.api_client import api_server  # noqa: E402
+from tests.api.client import api_server  # noqa: E402
 
 
 def through_api(stack: str, gpu: bool, code: str, jobs: int, concurrency: int, timeout: float) -> dict[str, Any]:

@@ -17,8 +17,9 @@ import json
 import sys
 from typing import Any
 
-from provision import apir, builds
 from provision.adapters import apir as adapter
+from provision.apir import builds
+from provision.apir import preflight as apir
 from provision.cli.output import table
 
 

@@ -25,8 +25,8 @@ def repo() -> Path:
 @pytest.fixture(scope="session")
 def busybox_image() -> str:
     """A tiny local base image: Debian's busybox-static imported with podman (no registry)."""
-    from provision import paths
     from provision.adapters import podman
+    from provision.core import paths
 
     version = run(["apt-cache", "policy", "busybox-static"]).stdout
     candidate = next(line.split()[-1] for line in version.splitlines() if "Candidate:" in line)
@@ -51,3 +51,11 @@ def busybox_image() -> str:
         (rootfs / d).mkdir(exist_ok=True)
     podman.import_rootfs(rootfs, tag)
     return tag
+
+
+@pytest.fixture
+def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh, empty provision cache for this test (PROVISION_CACHE), so no state leaks between tests."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("PROVISION_CACHE", str(root))
+    return root

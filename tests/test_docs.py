@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from provision import errors
+from provision.core import errors
 
 
 def errors_table() -> str:
@@ -34,3 +34,16 @@ def test_taskfile_has_the_documented_tasks(repo):
 
 if __name__ == "__main__":
     print(errors_table())
+
+
+def test_readme_layout_table_names_every_package_and_only_real_ones(repo):
+    readme = (repo / "README.md").read_text()
+    layout = readme[readme.index("## Layout") : readme.index("## What was verified where")]
+    named = set(re.findall(r"`(provision/[a-z_/]+/)`", layout))
+    packages = {
+        f"{p.parent.relative_to(repo).as_posix()}/"
+        for p in (repo / "provision").rglob("__init__.py")
+        if p.parent != repo / "provision" and p.parent.name != "__pycache__"
+    } - {"provision/hosts/"}
+    assert packages - named == set(), "packages missing from README's layout table"
+    assert {n for n in named if not (repo / n).is_dir()} == set(), "layout table names folders that do not exist"

@@ -20,4 +20,13 @@
     from = "$(LIBRARY_RELEASE_$(OS)): $(SYSROOT_TARGET) $(INIT_BINARY_BSD)";
     to = "$(LIBRARY_RELEASE_$(OS)):";
   };
+
+  # Without a variant (no EFI=1) the Darwin release step renames libkrun.dylib onto itself:
+  # KRUN_BASE_Darwin is libkrun$(VARIANT).dylib (nix/facts/upstream.json, libkrun.makefile). BSD mv
+  # shrugs that off, GNU mv (the Nix build environment's) exits 1 "are the same file"; so rename
+  # only when the names differ.
+  sameFileMoveRule = {
+    from = "mv target/release/libkrun.dylib target/release/$(KRUN_BASE_$(OS))";
+    to = "test target/release/libkrun.dylib = target/release/$(KRUN_BASE_$(OS)) || mv target/release/libkrun.dylib target/release/$(KRUN_BASE_$(OS))";
+  };
 }

@@ -83,17 +83,25 @@ lib.runTests {
       "-Dapir=true"
     ];
   };
-  testApir130DarwinLinksVulkanDirectly = {
+  testApir130DarwinDlopensMoltenVK = {
     expr = vr.mesonFlags {
       version = "1.3.0";
       apir = true;
-      vulkanDload = false;
+      vulkanDload = true;
     };
     expected = [
       "-Dvenus=true"
       "-Dapir=true"
-      "-Dvulkan-dload=false"
+      "-Dvulkan-dload=true"
     ];
+  };
+  testMoltenvkDlopenRuleQuotesTheStorePath = {
+    expr = vr.moltenvkDlopenRule "/nix/store/x-moltenvk/lib/libMoltenVK.dylib";
+    expected = {
+      file = "src/venus/vkr_library.c";
+      from = ''"libMoltenVK.dylib"'';
+      to = ''"/nix/store/x-moltenvk/lib/libMoltenVK.dylib"'';
+    };
   };
   testNoApirFlagOnTheVenusFork = {
     expr = builtins.any (lib.hasPrefix "-Dapir") (vr.mesonFlags { version = "0.10.4"; });

@@ -4,7 +4,9 @@
 #   0.10.x (slp's krunkit fork)      declares `drm` (feature) and `render-server` (bool); no `apir`.
 #   1.2.x  (MR 1590 head, c62e4b08)  no `drm`; `render-server` is deprecated (venus/apir force it on);
 #                                    declares `apir` and `vulkan-dload`.
-#   1.3.x  (CamouflageNetworks tree) neither `drm` nor `render-server`; declares `apir`, `vulkan-dload`.
+#   1.3.x  (CamouflageNetworks tree) neither `drm` nor `render-server`; declares `apir`, `vulkan-dload`
+#                                    (default true: `false` there means meson's dependency('vulkan'),
+#                                    which nixpkgs' moltenvk cannot satisfy: no vulkan.pc, no libvulkan).
 # Meson rejects an undeclared -D option, so the flag list is derived from the version and an option
 # the tree does not declare is never passed. A request the tree cannot honour is an error, not a
 # silently dropped flag.
@@ -42,6 +44,15 @@ let
 in
 {
   inherit series;
+
+  # The 1.3 APIR tree with vulkan-dload on dlopens $VMKIT_MOLTENVK_PATH, libvulkan names, then the
+  # bare "libMoltenVK.dylib" (src/venus/vkr_library.c; nix/facts/upstream.json strings.dlopen), which
+  # nothing in a Nix profile puts on dyld's search path: point that last name at the store.
+  moltenvkDlopenRule = libMoltenVK: {
+    file = "src/venus/vkr_library.c";
+    from = ''"libMoltenVK.dylib"'';
+    to = ''"${libMoltenVK}"'';
+  };
 
   # mesonFlags for a virglrenderer tree of `version` (the version in its meson.build).
   #   venus, apir: enable those contexts.

@@ -1,46 +1,97 @@
-# nixpkgs' krunkit, re-pinned to the krunkit release that pairs with our libkrun (krunkit 1.3.x
-# calls krun_add_virtiofs4, which libkrun only has from 1.19.x on, and cannot load libkrun 2.0),
-# and linked to libkrun-gpu instead of libkrun-efi. The firmware stays where krunkit looks for it:
-# <prefix>/share/krunkit next to <prefix>/bin/krunkit.
+# krunkit, our own derivation of the krunkit release that pairs with our libkrun (krunkit 1.3.x calls
+# krun_add_virtiofs4, which libkrun only has from 1.19.x on, and cannot load libkrun 2.0), linked to
+# libkrun-gpu. Not an override of nixpkgs' krunkit: that function's arguments change under us
+# (`libkrun-efi` in the versions read; newer nixpkgs folds libkrun-efi into libkrun with a `variant`),
+# so `.override { libkrun-efi = …; }` breaks on one side or the other (docs/nix.md).
+# What the recipe relies on is in nix/facts/upstream.json, "krunkit": the Makefile's darwin steps
+# (install_name_tool -change $(LIBKRUN) $(PREFIX)/lib/$(LIBKRUN), codesign --entitlements) and the
+# firmware lookup <exe>/../share/krunkit/KRUN_EFI.silent.fd with the file shipped in edk2/.
 {
   lib,
+  stdenv,
   fetchurl,
   fetchFromGitHub,
   fetchFromGitLab,
-  krunkit,
+  cargo,
+  darwin,
+  libepoxy,
   libkrun-gpu,
+  pkg-config,
   runCommandCC,
   rustPlatform,
+  rustc,
   krunLib,
   pin,
   compat,
 }:
+let
+  # The Makefile re-points the binary's libkrun.1.dylib at $(PREFIX)/lib, which is krunkit's own
+  # output here: point it at libkrun-gpu instead.
+  libkrunRule = {
+    from = "$(PREFIX)/lib/$(LIBKRUN)";
+    to = "${libkrun-gpu}/lib/$(LIBKRUN)";
+  };
+in
 assert krunLib.compat.checkKrunkitLibkrun compat.krunkit_libkrun pin.version libkrun-gpu.version;
-(krunkit.override { libkrun-efi = libkrun-gpu; }).overrideAttrs (
-  finalAttrs: prev: {
-    inherit (pin) version;
-    src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } "krunkit" pin;
-    cargoDeps = rustPlatform.fetchCargoVendor {
-      inherit (finalAttrs) src;
-      hash = pin.cargoHash;
-    };
+stdenv.mkDerivation (finalAttrs: {
+  pname = "krunkit";
+  inherit (pin) version;
 
-    # nixpkgs installs the firmware in postInstall; fail the build if a future krunkit moves it.
-    postInstall = (prev.postInstall or "") + ''
-      test -f "$out/${pin.firmware}" || { echo "krunkit: firmware not at $out/${pin.firmware}" >&2; exit 1; }
-    '';
+  src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } "krunkit" pin;
 
-    passthru = (prev.passthru or { }) // {
-      libkrun = libkrun-gpu;
-      firmware = "${finalAttrs.finalPackage}/${pin.firmware}";
-      tests = {
-        # The binary must load our libkrun (absolute install name), not a libkrun-efi.
-        linksLibkrunGpu = runCommandCC "krunkit-links-libkrun-gpu" { } ''
-          otool -L ${finalAttrs.finalPackage}/bin/krunkit | grep -q '${libkrun-gpu}/lib/libkrun'
-          test -f ${finalAttrs.finalPackage}/${pin.firmware}
-          touch $out
-        '';
-      };
+  cargoDeps = rustPlatform.fetchCargoVendor {
+    inherit (finalAttrs) src;
+    hash = pin.cargoHash;
+  };
+
+  postPatch = ''
+    substituteInPlace Makefile --replace-fail ${lib.escapeShellArg libkrunRule.from} ${lib.escapeShellArg libkrunRule.to}
+  '';
+
+  nativeBuildInputs = [
+    cargo
+    darwin.sigtool # codesign, for the hypervisor entitlement
+    pkg-config
+    rustc
+    rustPlatform.bindgenHook
+    rustPlatform.cargoSetupHook
+  ];
+
+  buildInputs = [
+    libepoxy
+    libkrun-gpu
+  ];
+
+  makeFlags = [ "PREFIX=${placeholder "out"}" ];
+
+  # krunkit looks for its firmware at <exe>/../share/krunkit/ (src/context.rs).
+  postInstall = ''
+    install -Dm444 edk2/KRUN_EFI.silent.fd "$out/${pin.firmware}"
+  '';
+
+  # Stripping would drop the entitlements codesign attached.
+  dontStrip = true;
+
+  passthru = {
+    libkrun = libkrun-gpu;
+    inherit libkrunRule;
+    firmware = "${finalAttrs.finalPackage}/${pin.firmware}";
+    tests = {
+      # The binary must load our libkrun by its store path, and find its firmware.
+      linksLibkrunGpu = runCommandCC "krunkit-links-libkrun-gpu" { } ''
+        otool -L ${finalAttrs.finalPackage}/bin/krunkit | grep -qF '${libkrun-gpu}/lib/libkrun'
+        test -f ${finalAttrs.finalPackage}/${pin.firmware}
+        ${finalAttrs.finalPackage}/bin/krunkit --version | grep -qF '${pin.version}'
+        touch $out
+      '';
     };
-  }
-)
+  };
+
+  meta = {
+    description = "Launch configurable virtual machines with libkrun (GPU-enabled libkrun of krun-gpu)";
+    homepage = "https://github.com/libkrun/krunkit";
+    license = lib.licenses.asl20;
+    mainProgram = "krunkit";
+    platforms = [ "aarch64-darwin" ];
+  };
+})

@@ -82,6 +82,11 @@ let
     '';
   };
 
+  makefileRules = [
+    krunLib.libkrun.sysrootRule
+    krunLib.libkrun.sameFileMoveRule
+  ];
+
   darwin = stdenv.mkDerivation (finalAttrs: {
     pname = "libkrun-gpu";
     inherit (pin) version;
@@ -97,13 +102,12 @@ let
       hash = pin.cargoHash;
     };
 
-    # The Darwin library target depends on a downloaded Debian sysroot (and a FreeBSD init);
-    # drop that dependency, the init comes from KRUN_INIT_BINARY_PATH.
-    postPatch = ''
-      substituteInPlace Makefile --replace-fail \
-        ${lib.escapeShellArg krunLib.libkrun.sysrootRule.from} \
-        ${lib.escapeShellArg krunLib.libkrun.sysrootRule.to}
-    '';
+    # The Darwin library target depends on a downloaded Debian sysroot (and a FreeBSD init): drop
+    # that dependency, the init comes from KRUN_INIT_BINARY_PATH. And its rename of libkrun.dylib
+    # onto itself fails under GNU mv: skip it when the names agree (nix/lib/libkrun.nix).
+    postPatch = lib.concatMapStrings (rule: ''
+      substituteInPlace Makefile --replace-fail ${lib.escapeShellArg rule.from} ${lib.escapeShellArg rule.to}
+    '') makefileRules;
 
     nativeBuildInputs = [
       cargo
@@ -125,7 +129,7 @@ let
     env.KRUN_INIT_BINARY_PATH = "${initBinary}/init";
 
     passthru = {
-      inherit initBinary virglrenderer;
+      inherit initBinary virglrenderer makefileRules;
       tests = {
         exports = exportsTest finalAttrs.finalPackage;
         # fixDarwinDylibNames must have replaced the bare "libkrun.1.dylib" install name.

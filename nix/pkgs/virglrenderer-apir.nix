@@ -1,6 +1,7 @@
 # virglrenderer with API Remoting (APIR) and Venus. Linux builds the MR 1590 head (1.2.0 + the
 # APIR commits); macOS builds a 1.3.0-based tree that also carries the macOS APIR adaptation
-# commits, which the MR head lacks (docs/nix.md). The meson flag list follows each tree's options.
+# commits, which the MR head lacks (docs/nix.md). The meson flag list follows each tree's options;
+# the pin's `patches` (ours, checked against the tree by checks/upstream-facts) are applied.
 {
   lib,
   stdenv,
@@ -24,12 +25,24 @@
 }:
 let
   isDarwin = stdenv.hostPlatform.isDarwin;
+  sharedLibrary = stdenv.hostPlatform.extensions.sharedLibrary;
+  libMoltenVK = "${moltenvk}/lib/libMoltenVK.dylib";
+  dlopenRule = krunLib.virglrenderer.moltenvkDlopenRule libMoltenVK;
 in
 stdenv.mkDerivation (finalAttrs: {
   pname = "virglrenderer-apir";
   version = "${pin.meson_version}-apir-${builtins.substring 0 8 pin.rev}";
 
   src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } pinName pin;
+
+  # Linux: upstream's C23/glibc 2.43 build fixes the MR head lacks. macOS: the
+  # virgl_renderer_resource_get_map_ptr that libkrun's rutabaga_gfx calls there.
+  patches = map (p: ../.. + "/${p}") (pin.patches or [ ]);
+
+  # macOS: libvulkan is dlopened (vulkan-dload); make its MoltenVK fallback an absolute store path.
+  postPatch = lib.optionalString isDarwin ''
+    substituteInPlace ${dlopenRule.file} --replace-fail ${lib.escapeShellArg dlopenRule.from} ${lib.escapeShellArg dlopenRule.to}
+  '';
 
   nativeBuildInputs = [
     meson
@@ -38,18 +51,19 @@ stdenv.mkDerivation (finalAttrs: {
     (buildPackages.python3.withPackages (ps: [ ps.pyyaml ]))
   ];
 
+  # MoltenVK is not linked on macOS (dlopened by store path, above), so it is no build input there.
   buildInputs = [
     libepoxy
     vulkan-headers
   ]
-  ++ lib.optionals isDarwin [ moltenvk ]
   ++ lib.optionals stdenv.hostPlatform.isLinux [
     libdrm
     libgbm
     vulkan-loader
   ];
 
-  # On macOS link MoltenVK at build time instead of the 1.3 tree's default dlopen of a loader.
+  # On macOS keep the 1.3 tree's dlopen of the Vulkan library: with vulkan-dload off it asks meson
+  # for dependency('vulkan'), which nixpkgs' moltenvk does not provide (no vulkan.pc, no libvulkan).
   mesonFlags = krunLib.virglrenderer.mesonFlags (
     {
       version = pin.meson_version;
@@ -58,7 +72,7 @@ stdenv.mkDerivation (finalAttrs: {
       drm = false;
       renderServer = false;
     }
-    // lib.optionalAttrs isDarwin { vulkanDload = false; }
+    // lib.optionalAttrs isDarwin { vulkanDload = true; }
   );
 
   separateDebugInfo = true;
@@ -66,13 +80,24 @@ stdenv.mkDerivation (finalAttrs: {
   passthru = {
     inherit pinName;
     apirProtocol = pin.apir_protocol;
-    # The installed header must carry the APIR context flag, and the library its entry points.
-    tests.apirEnabled = runCommandCC "virglrenderer-apir-enabled" { } ''
-      grep -q VIRGL_RENDERER_APIR ${finalAttrs.finalPackage}/include/virgl/virglrenderer.h
-      $NM -g ${finalAttrs.finalPackage}/lib/libvirglrenderer${stdenv.hostPlatform.extensions.sharedLibrary} \
-        | grep -q virgl_renderer_init
-      touch $out
-    '';
+    moltenvkLibrary = if isDarwin then libMoltenVK else null;
+    # Only a library built with -Dapir=true contains src/apir, whose context reads this variable
+    # (both trees' headers define VIRGL_RENDERER_APIR unconditionally, so the header proves nothing).
+    tests.apirEnabled = runCommandCC "virglrenderer-apir-enabled" { } (
+      ''
+        lib=${finalAttrs.finalPackage}/lib/libvirglrenderer${sharedLibrary}
+        grep -qaF VIRGL_APIR_BACKEND_LIBRARY "$lib"
+        $NM -g "$lib" | grep -q virgl_renderer_init
+      ''
+      + lib.optionalString isDarwin ''
+        $NM -g "$lib" | grep -q virgl_renderer_resource_get_map_ptr
+        grep -qaF ${lib.escapeShellArg libMoltenVK} "$lib"
+        test -e ${lib.escapeShellArg libMoltenVK}
+      ''
+      + ''
+        touch $out
+      ''
+    );
   };
 
   meta = {

@@ -14,7 +14,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from ..errors import SourceUnavailable, ToolMissing
+from provision.core.errors import SourceUnavailable, ToolMissing
 
 SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")

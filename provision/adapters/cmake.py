@@ -1,4 +1,4 @@
-"""cmake + ninja: run a BuildPlan, stream progress, fail with the step that broke."""
+"""cmake + ninja: run a build plan, stream progress, fail with the step that broke."""
 
 from __future__ import annotations
 
@@ -11,12 +11,34 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
-from ..errors import BuildFailed, ToolMissing
-from ..ggml_build import BuildPlan
+from provision.core.errors import BuildFailed, ToolMissing
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 Progress = Callable[[str], None]
+
+
+class BuildPlan(Protocol):
+    """What this adapter needs of a plan (the ggml builds' BuildPlan has it); no domain import."""
+
+    @property
+    def variant(self) -> str: ...
+
+    @property
+    def source(self) -> Path: ...
+
+    @property
+    def build_dir(self) -> Path: ...
+
+    @property
+    def configure(self) -> list[str]: ...
+
+    @property
+    def build(self) -> list[str]: ...
+
+    @property
+    def artifacts(self) -> tuple[str, ...]: ...
 
 
 def _stderr_progress(line: str) -> None:

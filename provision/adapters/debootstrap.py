@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..errors import ImageBuildFailed, ToolMissing
+from provision.core.errors import ImageBuildFailed, ToolMissing
 
 APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
 APT_NO_RECOMMENDS = 'APT::Install-Recommends "false";\n'

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from ..errors import SourceUnavailable
+from provision.core.errors import SourceUnavailable
 
 
 def git_dir(src: Path) -> Path | None:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..errors import ToolMissing
+from provision.core.errors import ToolMissing
 
 FEATURES = ["--extra-experimental-features", "nix-command flakes"]
 

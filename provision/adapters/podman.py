@@ -20,7 +20,7 @@ from pathlib import Path
 
 from plumbum import local
 
-from ..errors import ImageBuildFailed, ToolMissing
+from provision.core.errors import ImageBuildFailed, ToolMissing
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")

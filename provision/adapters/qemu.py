@@ -7,18 +7,16 @@ it; probing runs ``qemu-system-x86_64 -device virtio-gpu-gl-pci,help`` and
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from ..diagnostics import Check
-from ..errors import ToolMissing
+from provision.core.diagnostics import Check
+from provision.core.errors import ToolMissing
 
-if TYPE_CHECKING:
-    from ..host_tools import HostTools
+# Turns a QEMU command line into the one that runs it where QEMU lives (e.g. through chroot).
+Wrap = Callable[[list[str]], list[str]]
 
 BINARY = "qemu-system-x86_64"
 GPU_DEVICE = "virtio-gpu-gl-pci"
@@ -56,10 +54,8 @@ def parse_display_help(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def _qemu(tools: HostTools, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = [BINARY, *args]
-    if tools.is_chroot:
-        argv = tools.chroot().argv(argv)
+def _qemu(wrap: Wrap, *args: str) -> subprocess.CompletedProcess[str]:
+    argv = wrap([BINARY, *args])
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except FileNotFoundError as exc:
@@ -68,12 +64,13 @@ def _qemu(tools: HostTools, *args: str) -> subprocess.CompletedProcess[str]:
         raise ToolMissing(f"`{BINARY} {' '.join(args)}` did not answer in 60 s") from None
 
 
-def probe(tools: HostTools) -> Capabilities:
-    ver = _qemu(tools, "--version")
+def probe(wrap: Wrap, where: str) -> Capabilities:
+    """What the QEMU that ``wrap`` reaches can do; ``where`` names it in errors."""
+    ver = _qemu(wrap, "--version")
     if ver.returncode != 0:
-        raise ToolMissing(f"`{BINARY} --version` failed under {tools.root}: {(ver.stderr or ver.stdout).strip()[:300]}")
-    dev = _qemu(tools, "-device", f"{GPU_DEVICE},help")
-    disp = _qemu(tools, "-display", "help")
+        raise ToolMissing(f"`{BINARY} --version` failed under {where}: {(ver.stderr or ver.stdout).strip()[:300]}")
+    dev = _qemu(wrap, "-device", f"{GPU_DEVICE},help")
+    disp = _qemu(wrap, "-display", "help")
     first = ver.stdout.splitlines()[0] if ver.stdout else ""
     m = re.search(r"version (\S+)", first)
     return Capabilities(
@@ -121,36 +118,6 @@ def capability_checks(caps: Capabilities, *, fix: str) -> list[Check]:
             )
         )
     return out
-
-
-# --- accelerator ---------------------------------------------------------------------------
-
-
-def pick_accelerator(cpuinfo: str, kvm_usable: bool) -> str:
-    """KVM only where a stock guest kernel really runs on it: the CPU must expose VMX/SVM.
-
-    A /dev/kvm without those flags is a paravirtual KVM (PVM), which only runs guest
-    kernels built for it: a Debian kernel dies there in the zstd decompressor.
-    """
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags.update(line.split(":", 1)[1].split())
-            break
-    if kvm_usable and flags & {"vmx", "svm"}:
-        return "kvm"
-    return "tcg"
-
-
-def host_accelerator() -> str:
-    override = os.environ.get("PROVISION_ACCEL")
-    if override in ("kvm", "tcg"):
-        return override
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        cpuinfo = ""
-    return pick_accelerator(cpuinfo, os.access("/dev/kvm", os.R_OK | os.W_OK))
 
 
 # --- the command line ----------------------------------------------------------------------

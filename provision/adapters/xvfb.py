@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import VmFailed
-from .chroot import Chroot
+from provision.adapters.chroot import Chroot
+from provision.core.errors import VmFailed
 
 
 @dataclass

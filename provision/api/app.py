@@ -21,13 +21,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from .. import __version__, catalog, slots
-from ..errors import InvalidValue, ProvisionError, Unauthorized, WrongPlatform
-from . import status
-from .auth import check_bearer
-from .jobs import Event, Job, JobSpec, Runner, iso
-from .schema import ErrorBody, ExecuteRequest, ExecuteResult, Health, StackInfo
-from .settings import Settings
+from provision import __version__
+from provision.api import status
+from provision.api.auth import check_bearer
+from provision.api.jobs import Event, Job, JobSpec, Runner, iso
+from provision.api.schema import ErrorBody, ExecuteRequest, ExecuteResult, Health, StackInfo
+from provision.api.settings import Settings
+from provision.core import catalog
+from provision.core.errors import InvalidValue, ProvisionError, Unauthorized, WrongPlatform
+from provision.hosts.linux import slots
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -147,9 +149,9 @@ def create_app(settings: Settings, runner: Runner) -> FastAPI:
             raise InvalidValue(f"timeout {req.timeout:g} is over this server's limit of {settings.max_timeout_s} s")
         model_path = None
         if req.model is not None:
-            from .. import model_refs, models
+            from provision.models import refs, store
 
-            model_path = models.Store().path(model_refs.check_name(req.model))
+            model_path = store.Store().path(refs.check_name(req.model))
         return JobSpec(stack, req.gpu, req.code, req.timeout, model_path, req.model)
 
     @app.post("/api/v1/execute", response_model=ExecuteResult, responses=ERRORS)

@@ -11,8 +11,8 @@ import os
 import stat
 from pathlib import Path
 
-from ..errors import InvalidValue, Unauthorized
-from .settings import Listen
+from provision.api.settings import Listen
+from provision.core.errors import InvalidValue, Unauthorized
 
 MIN_TOKEN_CHARS = 16
 

@@ -22,9 +22,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..catalog import Stack
-from ..errors import ProvisionError, RunCancelled, RunTimeout
-from ..hosts.linux import LinuxBackend, RunResult
+from provision.core.catalog import Stack
+from provision.core.errors import ProvisionError, RunCancelled, RunTimeout
+from provision.hosts.linux.backend import LinuxBackend, RunResult
 
 Event = dict[str, Any]
 Emit = Callable[[Event], None]

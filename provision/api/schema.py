@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from .settings import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
+from provision.api.settings import DEFAULT_TIMEOUT_S, MAX_TIMEOUT_S
 
 STACK_PATTERN = r"^[a-z0-9][a-z0-9-]{0,63}$"
 

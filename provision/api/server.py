@@ -13,9 +13,9 @@ import sys
 import threading
 from types import FrameType
 
-from .auth import require_token_policy
-from .jobs import Runner
-from .settings import Settings
+from provision.api.auth import require_token_policy
+from provision.api.jobs import Runner
+from provision.api.settings import Settings
 
 
 def bind(settings: Settings) -> socket.socket:
@@ -27,7 +27,7 @@ def bind(settings: Settings) -> socket.socket:
         sock.bind((settings.listen.host, settings.listen.port))
     except OSError as exc:
         sock.close()
-        from ..errors import InvalidValue
+        from provision.core.errors import InvalidValue
 
         raise InvalidValue(
             f"--listen {settings.listen.host}:{settings.listen.port}: {exc.strerror}",
@@ -41,7 +41,7 @@ def bind(settings: Settings) -> socket.socket:
 def serve(settings: Settings, runner: Runner | None = None) -> int:
     import uvicorn
 
-    from .app import create_app
+    from provision.api.app import create_app
 
     require_token_policy(settings.listen, settings.token)
     jobs = runner or Runner(settings.max_vms, settings.max_capture_bytes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ..errors import InvalidValue
+from provision.core.errors import InvalidValue
 
 DEFAULT_LISTEN = "127.0.0.1:8080"
 DEFAULT_MAX_VMS = 4

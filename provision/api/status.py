@@ -2,7 +2,7 @@
 
 Client mistakes are 4xx, decided before any VM starts; a deadline is 408; capacity is 503
 (with Retry-After); a guest or VM that failed is 502 (the guest is the upstream here); the
-server's own set-up (host tools, images, pins) is 500. tests/test_api_units.py checks that
+server's own set-up (host tools, images, pins) is 500. tests/api/test_api.py checks that
 every code in errors.py has an entry and that docs/api.md shows this table.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import errors as e
+from provision.core import errors as e
 
 HTTP_STATUS: dict[str, int] = {
     e.UnknownStack.code: 400,

@@ -10,12 +10,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..api import settings as api_settings
-from ..errors import InvalidValue, WrongPlatform
+from provision.api import settings as api_settings
+from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.core.errors import InvalidValue, WrongPlatform
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("api", help="serve the HTTP execution API (POST /api/v1/execute) on this Linux host")
+    p = sub.add_parser(
+        "api",
+        help="serve the HTTP execution API (POST /api/v1/execute) on this Linux host",
+        epilog=example(
+            "provision api --listen 127.0.0.1:8080 --max-vms 2",
+            "curl -s -X POST http://127.0.0.1:8080/api/v1/execute -H 'content-type: application/json' "
+            """-d '{"language": "llama-linux", "gpu": true, "code": "vulkaninfo --summary"}'""",
+        ),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument(
         "--listen",
         default=api_settings.DEFAULT_LISTEN,
@@ -42,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValue(f"--max-vms {args.max_vms}: expected a positive integer", fix="--max-vms 2")
     if args.grace < 0:
         raise InvalidValue(f"--grace {args.grace}: expected seconds >= 0", fix="--grace 30")
-    from ..api import auth, server
+    from provision.api import auth, server
 
     settings = api_settings.Settings(
         listen=api_settings.parse_listen(args.listen),

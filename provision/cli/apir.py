@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import apir
-from ..adapters.apir import DEFAULT_REG, ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG, ProbeResult
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+
+if TYPE_CHECKING:
+    from provision.adapters.apir import ProbeResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("apir", help="APIR (API remoting) host checks")
+    from provision.adapters.apir import ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG
+
+    p = sub.add_parser(
+        "apir",
+        help="APIR (API remoting) host checks",
+        epilog=example("provision apir check --json", "provision apir protocol"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     actions = p.add_subparsers(dest="apir_command", metavar="ACTION", required=True)
-    c = actions.add_parser("check", help="load the host backend like virglrenderer does and query its device")
+    c = actions.add_parser(
+        "check",
+        help="load the host backend like virglrenderer does and query its device",
+        epilog=example("provision apir check --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     c.add_argument("--backend", help=f"libggml-virtgpu-backend.so (default: ${ENV_BACKEND})")
     c.add_argument("--ggml-library", help=f"ggml backend library to serve (default: ${ENV_GGML_PATH})")
     c.add_argument("--reg", help=f"its registration symbol (default: ${ENV_GGML_REG})")
@@ -22,7 +35,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also allocate, clear and free a buffer of this many MiB on the device")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=run_check)
-    v = actions.add_parser("protocol", help="APIR protocol of the pinned guest and host trees")
+    v = actions.add_parser(
+        "protocol",
+        help="APIR protocol of the pinned guest and host trees",
+        epilog=example("provision apir protocol"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.set_defaults(func=run_protocol)
 
@@ -32,6 +50,8 @@ def _mib(value: Any) -> str:
 
 
 def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
+    from provision.adapters.apir import DEFAULT_REG
+
     rows: list[tuple[str, Any]] = [
         ("backend", result.request.get("backend")),
         ("ggml library", result.request.get("ggml_library")),
@@ -57,6 +77,8 @@ def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    from provision.apir import preflight as apir
+
     settings = apir.ApirSettings.resolve(backend=args.backend, ggml_library=args.ggml_library, ggml_reg=args.reg)
     result = apir.probe(settings, alloc_bytes=args.alloc_mib << 20)
     error = apir.failure(result, settings)
@@ -77,6 +99,8 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_protocol(args: argparse.Namespace) -> int:
+    from provision.apir import preflight as apir
+
     guest, host = apir.guest_protocol(), apir.host_protocol()
     check = apir.protocol_check(guest, host)
     if args.json:

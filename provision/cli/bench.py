@@ -6,16 +6,17 @@ import argparse
 import time
 from pathlib import Path
 
-from .. import bench, catalog
-from ..errors import VmFailed
-from ..hosts import linux
-from ..paths import cache_dir
-from .output import dumps, table
-from .run import resolve_model
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core.errors import VmFailed
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native")
+    p = sub.add_parser(
+        "bench",
+        help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native",
+        epilog=example("provision bench llama-linux --model tiny-llama --out out/bench"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument("stack")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
@@ -26,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.bench import report as bench
+    from provision.cli.run import resolve_model
+    from provision.core import catalog
+    from provision.core.paths import cache_dir
+    from provision.hosts.linux import backend as linux
+
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
     model = resolve_model(args.model)

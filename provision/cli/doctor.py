@@ -5,12 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import doctor
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("doctor", help="check this host's GPU route (what is there, what is missing, the fix)")
+    p = sub.add_parser(
+        "doctor",
+        help="check this host's GPU route (what is there, what is missing, the fix)",
+        epilog=example("provision doctor", "provision doctor --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--krun", type=Path, default=None, help="krun bundle prefix (default: the Nix profile)")
     p.add_argument("--machine", default=None, help="podman machine name (macOS)")
@@ -19,6 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.doctor import checks as doctor
+
     ctx = doctor.context(krun=args.krun, machine=args.machine, guest_image=args.guest_image)
     checks = doctor.run(ctx)
     if args.json:

@@ -7,14 +7,25 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .. import builds, ggml_build
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ggml", help="build ggml (APIR host backend, guest frontend) from the pinned source")
+    from provision.apir import ggml as ggml_build
+
+    p = sub.add_parser(
+        "ggml",
+        help="build ggml (APIR host backend, guest frontend) from the pinned source",
+        epilog=example("provision ggml build --variant host"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     actions = p.add_subparsers(dest="ggml_command", metavar="ACTION", required=True)
-    b = actions.add_parser("build", help="build one variant into the cache (reused when already built)")
+    b = actions.add_parser(
+        "build",
+        help="build one variant into the cache (reused when already built)",
+        epilog=example("provision ggml build --variant host -j 2"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     b.add_argument("--variant", choices=sorted(ggml_build.VARIANTS), default="host",
                    help="host (backend + CPU), vulkan, cuda, or guest (frontend + llama-bench)")
     b.add_argument("--jobs", "-j", type=int, default=2, help="parallel compile jobs (default 2)")
@@ -28,6 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_build(args: argparse.Namespace) -> int:
+    from provision.apir import builds
+
     cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
     if args.dry_run:
         plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,

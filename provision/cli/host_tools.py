@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .. import apir_host, host_tools
-from ..diagnostics import failed
-from ..errors import InvalidValue
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core.errors import InvalidValue
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("host-tools", help="make the cached chroot with QEMU + virglrenderer (Linux route)")
+    p = sub.add_parser(
+        "host-tools",
+        help="make the cached chroot with QEMU + virglrenderer (Linux route)",
+        epilog=example("sudo provision host-tools", "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
     p.add_argument("--force", action="store_true", help="rebuild even when a cached chroot exists")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -30,6 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.apir import host as apir_host
+    from provision.core.diagnostics import failed
+    from provision.hosts.linux import tools as host_tools
+
     if args.virgl_src is not None and not args.apir:
         raise InvalidValue("--virgl-src is only used with --apir")
     if not args.check:

@@ -13,18 +13,21 @@ import shutil
 import sys
 from pathlib import Path
 
-from .. import bundle as bundle_mod
-from .. import doctor, machine_state, pins
-from ..adapters.podman_machine import DEFAULT_MACHINE
-from ..errors import WrongPlatform
-from ..hosts.darwin import DarwinBackend, observe_machine
-from ..launch import ROUTES, LaunchRequest, plan_launch
-from .output import dumps
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.core.errors import WrongPlatform
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("launch", help="start the podman machine (krunkit) on the venus or apir route (macOS)")
-    p.add_argument("--route", choices=ROUTES, default="venus")
+    from provision.adapters.podman_machine import DEFAULT_MACHINE
+    from provision.core.catalog import GPU_ROUTES
+
+    p = sub.add_parser(
+        "launch",
+        help="start the podman machine (krunkit) on the venus or apir route (macOS)",
+        epilog=example("provision launch", "provision launch --route apir --dry-run"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("--route", choices=GPU_ROUTES, default="venus")
     p.add_argument("--machine", default=DEFAULT_MACHINE)
     p.add_argument("--cpus", type=int, default=None)
     p.add_argument("--memory", type=int, default=None, metavar="MiB", help="guest RAM (krunkit caps it at 61440)")
@@ -43,6 +46,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import pins
+    from provision.doctor import checks as doctor
+    from provision.hosts.darwin import bundle as bundle_mod
+    from provision.hosts.darwin import machine_state
+    from provision.hosts.darwin.backend import DarwinBackend, observe_machine
+    from provision.hosts.darwin.launch import LaunchRequest, plan_launch
+
     request = LaunchRequest(
         route=args.route,
         machine=args.machine,

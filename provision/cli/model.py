@@ -6,49 +6,85 @@ import argparse
 import sys
 from pathlib import Path
 
-from .. import models
-from ..errors import ModelHashMismatch
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.core.errors import ModelHashMismatch
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="the model store: pull, list, verify, rm, path, synth")
+    p = sub.add_parser(
+        "model",
+        help="the model store: pull, list, verify, rm, path, synth",
+        epilog=example("provision model synth tiny-llama", "provision model list"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 
-    pull = msub.add_parser("pull", help="download a model, verify its sha256 and store it")
+    pull = msub.add_parser(
+        "pull",
+        help="download a model, verify its sha256 and store it",
+        epilog=example("provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
     pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
     pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
-    lst = msub.add_parser("list", help="catalog models and what the store holds")
+    lst = msub.add_parser(
+        "list",
+        help="catalog models and what the store holds",
+        epilog=example("provision model list --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     lst.add_argument("--json", action="store_true", help="machine-readable output")
     lst.set_defaults(func=run_list)
 
-    ver = msub.add_parser("verify", help="re-hash stored models against their sha256")
+    ver = msub.add_parser(
+        "verify",
+        help="re-hash stored models against their sha256",
+        epilog=example("provision model verify tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
     ver.add_argument("--json", action="store_true", help="machine-readable output")
     ver.set_defaults(func=run_verify)
 
-    rm = msub.add_parser("rm", help="remove a name (and its blob when no other name uses it)")
+    rm = msub.add_parser(
+        "rm",
+        help="remove a name (and its blob when no other name uses it)",
+        epilog=example("provision model rm tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     rm.add_argument("name")
     rm.add_argument("--json", action="store_true", help="machine-readable output")
     rm.set_defaults(func=run_rm)
 
-    path = msub.add_parser("path", help="print the stored file of a model")
+    path = msub.add_parser(
+        "path",
+        help="print the stored file of a model",
+        epilog=example("provision model path tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     path.add_argument("name")
     path.add_argument("--json", action="store_true", help="machine-readable output")
     path.set_defaults(func=run_path)
 
-    syn = msub.add_parser("synth", help="write a synthetic model (tiny-llama) and check it against its pin")
-    syn.add_argument("name", metavar="NAME", help="synthetic catalog model, e.g. " + models.SMOKE_MODEL)
+    syn = msub.add_parser(
+        "synth",
+        help="write a synthetic model (tiny-llama) and check it against its pin",
+        epilog=example("provision model synth tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
     syn.add_argument("--output", type=Path, help="write here instead of into the store")
     syn.add_argument("--json", action="store_true", help="machine-readable output")
     syn.set_defaults(func=run_synth)
 
 
 def run_pull(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
     result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name))
     report = {
@@ -76,6 +112,8 @@ def _pin_note(status: str | None, synth: str | None) -> str:
 
 
 def run_list(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
     rows: list[dict[str, object]] = []
     stored = {r.name: r for r in store.refs()}
@@ -121,6 +159,8 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
     names = [args.name] if args.name else [r.name for r in store.refs()]
     results = [store.verify(n) for n in names]
@@ -144,18 +184,24 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_rm(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     ref = models.Store().remove(args.name)
     print(dumps({"removed": ref.as_dict()}) if args.json else f"removed {ref.name} (sha256 {ref.sha256})")
     return 0
 
 
 def run_path(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     path = models.Store().path(args.name)
     print(dumps({"name": args.name, "path": str(path)}) if args.json else path)
     return 0
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from provision.models import store as models
+
     store = models.Store()
     if args.output:
         sha256, size = store.synth_to(args.name, args.output)

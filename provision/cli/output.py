@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -17,3 +18,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str)
+
+
+# Epilogs keep their line breaks: each command's help ends with examples to copy.
+EXAMPLE_FORMAT = argparse.RawDescriptionHelpFormatter
+
+
+def example(*commands: str) -> str:
+    return "example:\n" + "\n".join(f"  {c}" for c in commands)

@@ -10,13 +10,17 @@ import argparse
 import importlib
 from pathlib import Path
 
-from .. import catalog
-from ..errors import UnknownModel
-from ..hosts import native_backend
+from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.core.errors import UnknownModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)")
+    p = sub.add_parser(
+        "run",
+        help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+        epilog=example("provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     _options(p)
     p.add_argument("stack")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
@@ -45,14 +49,14 @@ def split_command(args: argparse.Namespace) -> list[str]:
 
 
 def resolve_model(ref: str | None) -> Path | None:
-    """A GGUF path as given, else a store name through the verified model store (provision.models.ensure)."""
+    """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure)."""
     if ref is None:
         return None
     p = Path(ref).expanduser()
     if p.is_file():
         return p.resolve()
     try:
-        models = importlib.import_module("provision.models")
+        models = importlib.import_module("provision.models.store")
     except ModuleNotFoundError:
         raise UnknownModel(
             f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"
@@ -62,6 +66,9 @@ def resolve_model(ref: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import catalog
+    from provision.hosts import native_backend
+
     cmd = split_command(args)
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from .. import catalog
-from .output import dumps, table
+from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("stacks", help="list guest stacks")
+    p = sub.add_parser(
+        "stacks",
+        help="list guest stacks",
+        epilog=example("provision stacks", "provision stacks --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.core import catalog
+
     stacks = catalog.load().stacks
     if args.json:
         print(dumps([s.as_dict() for s in stacks.values()]))

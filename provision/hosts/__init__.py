@@ -1,8 +1,9 @@
 """Host backends: how `provision run` reaches a guest on this machine.
 
-A backend module (``darwin``, ``linux``) exposes ``backend() -> HostBackend``.
+A host package (``darwin``, ``linux``) has a ``backend`` module exposing ``backend() -> HostBackend``.
 ``native_backend()`` picks the module for the running platform. The Protocol is kept
 minimal so each route can grow its own extras (``DarwinBackend.launch`` …) beside it.
+May import core and the domain packages (models, images, apir) and adapters; never the CLI.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from ..catalog import Stack
-from ..errors import WrongPlatform
+from provision.core.catalog import Stack
+from provision.core.errors import WrongPlatform
 
 
 @runtime_checkable
@@ -48,10 +49,11 @@ def module_for(platform: str) -> str:
 
 def native_backend(platform: str | None = None) -> HostBackend:
     name = module_for(platform or sys.platform)
+    module = f"{__name__}.{name}.backend"
     try:
-        mod = importlib.import_module(f"{__name__}.{name}")
+        mod = importlib.import_module(module)
     except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{name}":
+        if exc.name not in (module, f"{__name__}.{name}"):
             raise
         raise WrongPlatform(
             f"the {name} host backend is not part of this build", fix="install the full krun-gpu"

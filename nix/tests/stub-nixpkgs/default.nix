@@ -17,10 +17,14 @@
 #   symlinkJoin { name paths postBuild }, makeWrapper, writeShellScriptBin, runCommand, runCommandCC,
 #     mkShell                                              pkgs/build-support/trivial-builders
 #   libkrun (withBlk/withNet/withGpu/… -> makeFlags)       pkgs/by-name/li/libkrun/package.nix
-#   krunkit (takes libkrun-efi; firmware in share/krunkit) pkgs/by-name/kr/krunkit/package.nix
+#   krunkit (firmware in share/krunkit)                    pkgs/by-name/kr/krunkit/package.nix
 #   libkrun-efi, virglrenderer, moltenvk (out/bin/dev), llama-cpp-style cudaPackages, nixfmt-tree,
 #   python3.withPackages, python3Packages.buildPythonApplication, buildPackages.pkgsCross.
 #     aarch64-multiplatform.pkgsStatic
+# The ARGUMENT SETS of libkrun, libkrun-efi, krunkit, virglrenderer and moltenvk are not written
+# here: they come from facts.json, which checks/upstream-facts generates from the nixpkgs package
+# files it read (the same read as nix/facts/upstream.json). callPackage fills exactly those
+# arguments, and `.override` with an argument the real function does not take fails as in nixpkgs.
 # Versions of packages defined here are "0-stub"; their sources carry `sha256 = <hex sha256 of a
 # "stub-nixpkgs:…" label>`, never an SRI hash, so the tests can tell a hash nixpkgs would supply
 # from one krun-gpu supplies (every SRI hash in a krun-gpu closure must come from pins.json).
@@ -36,6 +40,26 @@
 }:
 let
   lib = import ./lib.nix;
+
+  factsArgs = (builtins.fromJSON (builtins.readFile ./facts.json)).packages;
+
+  # A package function with the argument set nixpkgs' package.nix has (facts.json); `body` takes
+  # what it is given (its formals end in `...`) and supplies its own defaults.
+  fromFacts =
+    name: body:
+    let
+      args = factsArgs.${name} or (throw "stub nixpkgs: facts.json has no argument set for ${name}");
+    in
+    lib.setFunctionArgs (
+      given:
+      let
+        unexpected = lib.filter (n: !(args ? ${n})) (lib.attrNames given);
+      in
+      if unexpected != [ ] then
+        throw "stub nixpkgs: ${name}'s package function called with unexpected argument '${lib.head unexpected}' (it takes: ${lib.concatStringsSep ", " (lib.attrNames args)})"
+      else
+        body given
+    ) args;
 
   buildSystem = localSystem.system or localSystem;
   hostConfig = if crossSystem == null then null else crossSystem.config or crossSystem;
@@ -390,6 +414,7 @@ let
       fixDarwinDylibNames = leaf "fix-darwin-dylib-names-hook" { };
       autoAddDriverRunpath = leaf "auto-add-driver-runpath-hook" { };
       nix-update-script = _: [ "nix-update" ];
+      gitUpdater = _: [ "git-updater" ];
       cargo = leaf "cargo" { };
       rustc = leaf "rustc" { };
       pkg-config = leaf "pkg-config-wrapper" { };
@@ -401,6 +426,16 @@ let
       vulkan-headers = leaf "vulkan-headers" { };
       vulkan-loader = leaf "vulkan-loader" { };
       libepoxy = leaf "libepoxy" { };
+      libGLU = leaf "libGLU" { };
+      libX11 = leaf "libX11" { };
+      libva = leaf "libva" { };
+      mesa = leaf "mesa" { };
+      apple-sdk_15 = leaf "apple-sdk" { };
+      cereal = leaf "cereal" { };
+      glslang = leaf "glslang" { };
+      spirv-cross = leaf "spirv-cross" { };
+      spirv-tools = leaf "spirv-tools" { };
+      xcbuildHook = leaf "xcbuild-hook" { };
       libdrm = leaf "libdrm" { };
       libgbm = leaf "libgbm" { };
       libkrunfw = leaf "libkrunfw" { };
@@ -412,13 +447,7 @@ let
       };
       darwin.sigtool = leaf "sigtool" { };
       nixfmt-tree = leaf "nixfmt-tree" { meta.mainProgram = "treefmt"; };
-      moltenvk = leaf "moltenvk" {
-        outputs = [
-          "out"
-          "bin"
-          "dev"
-        ];
-      };
+      moltenvk = final.callPackage (fromFacts "moltenvk" (import ./pkgs/moltenvk.nix)) { };
 
       python3 = leaf "python3" { } // {
         pkgs = final.python3Packages;
@@ -458,11 +487,11 @@ let
         flags.cmakeCudaArchitecturesString = "75;80;86;89;90";
       };
 
-      # nixpkgs packages whose argument sets krun-gpu overrides
-      virglrenderer = final.callPackage ./pkgs/virglrenderer.nix { };
-      libkrun = final.callPackage ./pkgs/libkrun.nix { };
-      libkrun-efi = final.callPackage ./pkgs/libkrun-efi.nix { };
-      krunkit = final.callPackage ./pkgs/krunkit.nix { };
+      # nixpkgs packages krun-gpu calls or overrides, with the argument sets of facts.json
+      virglrenderer = final.callPackage (fromFacts "virglrenderer" (import ./pkgs/virglrenderer.nix)) { };
+      libkrun = final.callPackage (fromFacts "libkrun" (import ./pkgs/libkrun.nix)) { };
+      libkrun-efi = final.callPackage (fromFacts "libkrun-efi" (import ./pkgs/libkrun-efi.nix)) { };
+      krunkit = final.callPackage (fromFacts "krunkit" (import ./pkgs/krunkit.nix)) { };
     };
 
   configDefaults = {

@@ -7,7 +7,8 @@
 #   lib/customisation.nix makeOverridable (.override keeps working after .overrideAttrs)
 #   lib/fixed-points.nix  fix, extends, toExtension
 #   lib/debug.nix         runTests (a list of { name; expected; result; } failures, [] when all pass)
-#   lib/trivial.nix       fakeHash, warnIf, boolToString, importJSON/importTOML
+#   lib/trivial.nix       fakeHash, warnIf, boolToString, importJSON/importTOML, setFunctionArgs,
+#                         functionArgs/isFunction (functor-aware)
 # It is not nixpkgs and builds nothing; see default.nix for the package half.
 let
   inherit (builtins)
@@ -17,10 +18,8 @@ let
     elem
     filter
     foldl'
-    functionArgs
     isAttrs
     isBool
-    isFunction
     isList
     isString
     listToAttrs
@@ -35,10 +34,8 @@ let
       elem
       filter
       foldl'
-      functionArgs
       isAttrs
       isBool
-      isFunction
       isList
       isString
       mapAttrs
@@ -68,7 +65,14 @@ let
       pathExists
       ;
 
-    # trivial.nix
+    # trivial.nix: functions with explicit argument sets (setFunctionArgs) count as functions
+    setFunctionArgs = f: args: {
+      __functor = self: f;
+      __functionArgs = args;
+    };
+    functionArgs =
+      f: if f ? __functor then f.__functionArgs or (functionArgs (f.__functor f)) else builtins.functionArgs f;
+    isFunction = f: builtins.isFunction f || (f ? __functor && isFunction (f.__functor f));
     id = x: x;
     flip =
       f: a: b:

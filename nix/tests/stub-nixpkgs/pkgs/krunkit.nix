@@ -1,18 +1,19 @@
-# Stub of nixpkgs pkgs/by-name/kr/krunkit/package.nix (1.3.x form): links the `libkrun-efi`
+# Stub of nixpkgs pkgs/by-name/kr/krunkit/package.nix: links the `libkrun-efi`
 # argument, installs the EFI firmware to share/krunkit, keeps entitlements (dontStrip).
 {
   lib,
   stdenv,
   fetchFromGitHub,
-  callPackage,
-  cargo,
-  darwin,
-  libepoxy,
-  libkrun-efi,
-  nix-update-script,
-  pkg-config,
+  callPackage ? null,
+  cargo ? null,
+  darwin ? null,
+  libepoxy ? null,
+  libkrun-efi ? null,
+  nix-update-script ? null,
+  pkg-config ? null,
   rustPlatform,
-  rustc,
+  rustc ? null,
+  ...
 }:
 stdenv.mkDerivation (finalAttrs: {
   pname = "krunkit";

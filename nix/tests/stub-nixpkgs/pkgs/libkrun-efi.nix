@@ -4,13 +4,14 @@
   stdenv,
   fetchFromGitHub,
   rustPlatform,
-  cargo,
-  rustc,
-  pkg-config,
-  fixDarwinDylibNames,
-  libepoxy,
-  moltenvk,
+  cargo ? null,
+  rustc ? null,
+  pkg-config ? null,
+  fixDarwinDylibNames ? null,
+  libepoxy ? null,
+  moltenvk ? null,
   withGpu ? true,
+  ...
 }:
 stdenv.mkDerivation (finalAttrs: {
   pname = "libkrun-efi";

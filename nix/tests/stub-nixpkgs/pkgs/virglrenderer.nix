@@ -3,17 +3,18 @@
   lib,
   stdenv,
   fetchFromGitLab,
-  meson,
-  ninja,
-  pkg-config,
-  libepoxy,
-  libdrm,
-  libgbm,
-  vulkan-headers,
-  vulkan-loader,
+  meson ? null,
+  ninja ? null,
+  pkg-config ? null,
+  libepoxy ? null,
+  libdrm ? null,
+  libgbm ? null,
+  vulkan-headers ? null,
+  vulkan-loader ? null,
   vulkanSupport ? stdenv.hostPlatform.isLinux,
   nativeContextSupport ? stdenv.hostPlatform.isLinux,
   vaapiSupport ? !stdenv.hostPlatform.isDarwin,
+  ...
 }:
 stdenv.mkDerivation (finalAttrs: {
   pname = "virglrenderer";

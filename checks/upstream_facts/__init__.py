@@ -1,0 +1,1 @@
+"""checks/upstream-facts: facts read from the pinned upstream trees (see cli.py)."""

@@ -1,0 +1,24 @@
+"""Where the project's own non-Python files live (templates, patches).
+
+They sit beside the package in the source tree (containerfiles/, patches/), which is how
+both Nix and pip (editable) installs run provision; PROVISION_DATA_ROOT points elsewhere
+for a relocated install (the Nix package sets it to its share/ directory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def data_root() -> Path:
+    override = os.environ.get("PROVISION_DATA_ROOT")
+    return Path(override) if override else Path(__file__).resolve().parents[2]
+
+
+def templates_dir() -> Path:
+    return data_root() / "containerfiles"
+
+
+def patches_dir() -> Path:
+    return data_root() / "patches"

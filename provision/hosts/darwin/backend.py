@@ -1,0 +1,182 @@
+"""The macOS host backend: podman machine (libkrun provider) with the krun bundle's krunkit.
+
+``launch`` turns a LaunchRequest into a LaunchPlan (pure, provision/hosts/darwin/launch.py) after probing
+the machine and the tool versions, then executes it: podman steps with the plan's env,
+``lsof -c krunkit`` to confirm our virglrenderer is mapped, and the route recorded.
+``run`` executes a RunPlan (provision/hosts/darwin/runplan.py) on the running machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from provision.adapters import lsof, podman_machine
+from provision.adapters.program import run_tool
+from provision.core import catalog, pins
+from provision.core.catalog import Stack
+from provision.core.errors import (
+    ApirCheckFailed,
+    ImageBuildFailed,
+    MachineFailed,
+    RunTimeout,
+    ToolMissing,
+    UnknownRoute,
+    VersionSkew,
+)
+from provision.hosts.darwin import bundle as bundle_mod
+from provision.hosts.darwin import machine_state, versions
+from provision.hosts.darwin.bundle import KrunBundle
+from provision.hosts.darwin.doctor import libkrun_version
+from provision.hosts.darwin.launch import LaunchPlan, LaunchRequest, plan_launch
+from provision.hosts.darwin.runplan import image_repo, plan_run
+
+
+def observe_machine(name: str, env: dict[str, str]) -> podman_machine.MachineInfo | None:
+    res = run_tool(podman_machine.inspect_cmd(name), env={**env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"})
+    if res is None:
+        raise ToolMissing("podman is not installed", fix="install podman >= 5.2 (the pkg installer or Homebrew)")
+    if res[0] != 0:
+        return None  # "VM does not exist"
+    return podman_machine.find(podman_machine.parse_inspect(res[1]), name)
+
+
+def check_pairing(b: KrunBundle, env: dict[str, str]) -> None:
+    """E032 before anything starts when podman, krunkit and libkrun do not pair."""
+    compat = pins.default().compat
+    pv = run_tool(podman_machine.version_cmd(), env=env)
+    kv = run_tool([str(b.krunkit), "--version"], env=env)
+    try:
+        podman_v = versions.parse_podman(pv[1]) if pv else None
+        krunkit_v = versions.parse_krunkit(kv[1]) if kv else None
+    except ValueError as exc:
+        raise VersionSkew(str(exc), fix="run `provision doctor` for details") from None
+    problems = versions.pairing_problems(compat, podman=podman_v, krunkit=krunkit_v, libkrun=libkrun_version(b))
+    if problems:
+        raise VersionSkew("; ".join(p.what for p in problems), fix=problems[0].fix)
+
+
+def verify_virglrenderer(lsof_output: str, expected: str) -> str:
+    """The mapped libvirglrenderer path, or E034 when krunkit mapped none or another one."""
+    libs = lsof.libraries_named(lsof.parse_fields(lsof_output), "libvirglrenderer")
+    want = Path(expected).resolve()
+    if not libs:
+        raise MachineFailed(
+            "krunkit is not running or mapped no libvirglrenderer (GPU off)",
+            fix="run `provision doctor`; check `podman machine start --log-level=debug`",
+        )
+    wrong = [p for p in libs if Path(p).resolve() != want]
+    if wrong:
+        raise MachineFailed(
+            f"krunkit mapped {', '.join(wrong)}, not our {want}",
+            fix="another krunkit/virglrenderer is first in podman's helper search; run `provision doctor`",
+        )
+    return libs[0]
+
+
+def newest_image(stack: Stack) -> str:
+    """The most recent image `provision image build STACK` made (podman lists newest first)."""
+    repo = image_repo(stack)
+    res = run_tool(["podman", "images", "--filter", f"reference={repo}", "--format", "{{.Repository}}:{{.Tag}}"])
+    if res is None:
+        raise ToolMissing("podman is not installed", fix="install podman >= 5.2")
+    refs = [line.strip() for line in res[1].splitlines() if line.strip().startswith(repo + ":")]
+    if res[0] != 0 or not refs:
+        raise ImageBuildFailed(f"no image {repo}:* on the podman machine", fix=f"provision image build {stack.name}")
+    return refs[0]
+
+
+class DarwinBackend:
+    name = "darwin"
+
+    def __init__(self, krun: Path | None = None) -> None:
+        self.krun = krun
+
+    def plan(self, request: LaunchRequest, *, env: dict[str, str] | None = None) -> tuple[LaunchPlan, KrunBundle]:
+        env = dict(os.environ) if env is None else env
+        b = bundle_mod.locate(self.krun, env=env)
+        machine = observe_machine(request.machine, env)
+        plan = plan_launch(
+            request,
+            b,
+            pins.default().compat,
+            machine=machine,
+            recorded_route=machine_state.recorded_route(request.machine),
+        )
+        return plan, b
+
+    def launch(self, request: LaunchRequest) -> LaunchPlan:
+        env = dict(os.environ)
+        plan, b = self.plan(request, env=env)
+        check_pairing(b, env)
+        if plan.route == "apir":
+            for key in ("VIRGL_APIR_BACKEND_LIBRARY", "APIR_LLAMA_CPP_GGML_LIBRARY_PATH"):
+                if not Path(plan.env[key]).is_file():
+                    raise ApirCheckFailed(
+                        f"{key}={plan.env[key]}: no such file in the krun bundle",
+                        fix="install the full bundle (nix profile add .#krun), or use --route venus",
+                    )
+        child = plan.child_env(env)
+        for step in plan.steps:
+            proc = subprocess.run(list(step.argv), env=child, check=False, text=True, capture_output=True)
+            if proc.returncode != 0:
+                tail = (proc.stderr or proc.stdout).strip()[-800:]
+                if "krunkit: unexpected argument" in tail:  # podman#29439: podman newer than krunkit
+                    raise VersionSkew(
+                        f"`{' '.join(step.argv)}`: {tail}", fix="run `provision doctor` (versions.pairing)"
+                    )
+                raise MachineFailed(
+                    f"`{' '.join(step.argv)}` exited {proc.returncode}: {tail}",
+                    fix="run `provision doctor`; `krunkit: unexpected argument` means version skew",
+                )
+        out = run_tool(list(plan.verify.argv), env=child)
+        if out is None:
+            raise ToolMissing("lsof is not installed", fix="lsof ships with macOS; check PATH")
+        mapped = verify_virglrenderer(out[1], plan.expect_virglrenderer)
+        machine_state.record_route(plan.machine, plan.route, virglrenderer=mapped)
+        return plan
+
+    def run(
+        self,
+        stack: Stack,
+        gpu: bool,
+        model_path: Path | None,
+        command: Sequence[str],
+        timeout: float | None,
+        route: str | None,
+        machine: str = podman_machine.DEFAULT_MACHINE,
+    ) -> int:
+        catalog.check_gpu(stack, gpu)
+        chosen = catalog.check_route(stack, route)
+        if gpu:
+            # krunkit's route is fixed at machine start: a GPU run on the wrong one cannot work.
+            recorded = machine_state.recorded_route(machine)
+            if recorded != chosen:
+                raise UnknownRoute(
+                    f"machine {machine} was launched on route {recorded or '(none: not started by provision)'}, "
+                    f"stack {stack.name!r} needs {chosen}",
+                    fix=f"provision launch --route {chosen}",
+                )
+        plan = plan_run(
+            stack,
+            gpu=gpu,
+            route=chosen,
+            model_path=model_path,
+            command=command,
+            compat=pins.default().compat,
+            image=newest_image(stack),
+        )
+        try:
+            proc = subprocess.run(list(plan.argv), timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise RunTimeout(
+                f"{' '.join(command)} did not finish within {timeout} s",
+                fix="raise --timeout, or check the GPU with `provision doctor`",
+            ) from None
+        return proc.returncode
+
+
+def backend() -> DarwinBackend:
+    return DarwinBackend()

@@ -1,0 +1,88 @@
+"""The one accelerator decision for Linux guests: KVM or TCG, and why.
+
+KVM is used only where a stock guest kernel really runs on it: the CPU must expose VMX/SVM.
+A /dev/kvm without those flags is a paravirtual KVM (PVM), which only runs guest kernels
+built for it (a Debian kernel dies there in the zstd decompressor), so guests run under TCG.
+`provision run` takes ``decide(...).accel``; `provision doctor` shows the same decision as a check.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from provision.core.diagnostics import Check, Status
+
+ENV_OVERRIDE = "PROVISION_ACCEL"
+
+
+@dataclass(frozen=True)
+class Decision:
+    accel: str  # "kvm" or "tcg"
+    status: Status  # the doctor check's status: "ok" for KVM, "warn" for TCG
+    evidence: str
+    fix: str | None = None
+
+    def check(self) -> Check:
+        return Check("linux.accel", self.status, self.evidence, self.fix)
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def decide(kvm_exists: bool, kvm_usable: bool, cpuinfo: str, pvm_module: bool = False, dmesg: str = "") -> Decision:
+    flags = cpu_flags(cpuinfo)
+    if not kvm_exists:
+        return Decision("tcg", "warn", "no /dev/kvm: guests run under TCG (slow, but Venus works)",
+                        "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed")
+    hw = "vmx" if "vmx" in flags else "svm" if "svm" in flags else None
+    if hw and kvm_usable:
+        return Decision("kvm", "ok", f"/dev/kvm with {hw}: KVM")
+    if hw:
+        return Decision("tcg", "warn", f"/dev/kvm with {hw}, but this user cannot open it: guests run under TCG",
+                        "add the user to the kvm group, or run as root")
+    if pvm_module or "kvm-pvm" in dmesg:
+        why = "/sys/module/kvm_pvm" if pvm_module else "dmesg kvm-pvm"
+        return Decision("tcg", "warn",
+                        f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, "
+                        "so guests run under TCG",
+                        "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm")
+    return Decision("tcg", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG")
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def host_decision(*, with_dmesg: bool = False) -> Decision:
+    dmesg = ""
+    if with_dmesg:
+        try:
+            proc = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
+            dmesg = proc.stdout if proc.returncode == 0 else ""
+        except (OSError, subprocess.TimeoutExpired):
+            dmesg = ""
+    return decide(
+        Path("/dev/kvm").exists(),
+        os.access("/dev/kvm", os.R_OK | os.W_OK),
+        _read("/proc/cpuinfo"),
+        Path("/sys/module/kvm_pvm").exists(),
+        dmesg,
+    )
+
+
+def host_accelerator() -> str:
+    """What `provision run` uses: PROVISION_ACCEL (kvm|tcg) when set, else the decision."""
+    override = os.environ.get(ENV_OVERRIDE)
+    if override in ("kvm", "tcg"):
+        return override
+    return host_decision().accel

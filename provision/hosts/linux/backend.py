@@ -1,0 +1,426 @@
+"""Linux host backend: boots the stack's image as a QEMU VM and runs one command in it.
+
+GPU guests get ``virtio-gpu-gl-pci`` with Venus: the guest's Mesa venus driver talks to
+virglrenderer's render server on the host, which runs the host's Vulkan driver (a real
+GPU, or lavapipe). Order of a run, each step failing with its own error code:
+catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> Xvfb -> QEMU ->
+the guest's exit status, or E021 on the deadline. QEMU and Xvfb are always stopped and
+reaped by pid, on every path out (timeout, Ctrl-C, errors).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+from provision.adapters import qemu, xvfb
+from provision.adapters.chroot import Chroot
+from provision.core import catalog
+from provision.core.catalog import Stack
+from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
+from provision.core.paths import cache_dir
+from provision.hosts.linux import accel as accel_mod
+from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux import slots, watchdog
+from provision.hosts.linux import tools as host_tools
+
+EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
+KEEP_RUNS = 20
+# Where the run's files appear inside the host-tools chroot.
+IN_CHROOT = {"run": "/mnt/krun/run", "vm": "/mnt/krun/vm", "model": "/mnt/krun/model"}
+
+
+@dataclass
+class RunResult:
+    exit_status: int
+    run_dir: Path
+    qemu_pid: int
+    wall_s: float
+    accel: str
+
+
+@dataclass
+class LinuxBackend:
+    name: str = "linux"
+    memory_mib: int = 2048
+    gpu_memory_mib: int = 4096
+    cpus: int = 2
+    log: Callable[[str], None] = field(default=lambda s: print(f"provision: {s}", file=sys.stderr, flush=True))
+    # Routes this backend can serve with stock QEMU + virglrenderer. A route that needs more on
+    # the host (APIR: its own virglrenderer build) widens `routes` and sets the hooks below.
+    routes: tuple[str, ...] = ("venus", "cpu", "apir")
+    qemu_env: dict[str, str] = field(default_factory=dict)  # extra environment for QEMU
+    extra_binds: dict[Path, str] = field(default_factory=dict)  # host dir -> path in the tools chroot
+    # APIR: a dead host render worker leaves the guest spinning, so watch for it (watchdog.py).
+    watch_workers: bool = False
+
+    def _use_apir(self, tools: host_tools.HostTools) -> None:
+        """APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed)."""
+        from provision.apir import host as apir_host
+
+        found = apir_host.require(tools)
+        self.qemu_env.update(found.qemu_env())
+        self.watch_workers = True
+
+    # --- HostBackend --------------------------------------------------------------------
+
+    def run(
+        self,
+        stack: Stack,
+        gpu: bool,
+        model_path: Path | None,
+        command: Sequence[str],
+        timeout: float | None,
+        route: str | None,
+    ) -> int:
+        return self.execute(stack, gpu, model_path, command, timeout, route).exit_status
+
+    # --- the whole run ------------------------------------------------------------------
+
+    def execute(
+        self,
+        stack: Stack,
+        gpu: bool,
+        model_path: Path | None,
+        command: Sequence[str],
+        timeout: float | None,
+        route: str | None = None,
+        *,
+        stdout: BinaryIO | None = None,
+        stderr: BinaryIO | None = None,
+        model_name: str | None = None,
+        cancel: threading.Event | None = None,
+    ) -> RunResult:
+        catalog.check_gpu(stack, gpu)
+        catalog.check_route(stack, route)
+        if stack.route not in self.routes:
+            raise UnknownRoute(
+                f"stack {stack.name!r} uses route {stack.route!r}; this Linux backend runs {', '.join(self.routes)}",
+                fix="the APIR route needs the APIR virglrenderer on the host (provision/apir/route.py)",
+            )
+        if "linux" not in stack.hosts:
+            raise VmFailed(f"stack {stack.name!r} is not made for Linux hosts (hosts: {', '.join(stack.hosts)})")
+        if not command:
+            raise VmFailed("no command given to run in the guest", fix="provision run STACK -- CMD ...")
+        if stack.route == "apir" and gpu:
+            from provision.apir import host as apir_host
+
+            apir_host.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
+        tools = host_tools.require(gpu=gpu)
+        if stack.route == "apir" and gpu:
+            self._use_apir(tools)
+        root = self.root_disk(stack)
+        guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
+        model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
+        run_dir = _new_run_dir()
+        job = job_script(stack, command, guest_model, gpu)
+        vmdisk.write_job_disk(job, run_dir / "job.img")
+        deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
+        out = stdout or sys.stdout.buffer
+        err = stderr or sys.stderr.buffer
+        slot = slots.acquire(deadline, cancel=cancel) if gpu else None
+        try:
+            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, cancel)
+        finally:
+            if slot is not None:
+                slot.release()
+
+    def root_disk(self, stack: Stack) -> vmdisk.RootDisk:
+        ref, image_id = image_for(stack)
+        return vmdisk.root_disk(ref, image_id)
+
+    def _boot(
+        self,
+        tools: host_tools.HostTools,
+        stack: Stack,
+        gpu: bool,
+        root: vmdisk.RootDisk,
+        model_disk: Path | None,
+        run_dir: Path,
+        deadline: float,
+        out: BinaryIO,
+        err: BinaryIO,
+        cancel: threading.Event | None = None,
+    ) -> RunResult:
+        chroot: Chroot | None = None
+        if tools.is_chroot:
+            binds = {run_dir: IN_CHROOT["run"], root.directory: IN_CHROOT["vm"]}
+            if model_disk:
+                binds[model_disk.parent] = IN_CHROOT["model"]
+            binds.update(self.extra_binds)
+            chroot = tools.chroot().with_binds(binds)
+
+        def where(p: Path) -> str:
+            return chroot.inside(p) if chroot else str(p)
+
+        drives = [qemu.Drive(where(run_dir / "job.img"), "krun-job")]
+        if model_disk:
+            drives.append(qemu.Drive(where(model_disk), "krun-model"))
+        display = "egl-headless" if gpu and _has_render_node() else ("sdl" if gpu else "none")
+        accel = accel_mod.host_accelerator()
+        spec = qemu.VmSpec(
+            kernel=where(root.kernel),
+            initrd=where(root.initrd),
+            root=qemu.Drive(where(root.disk), "krun-root"),
+            drives=tuple(drives),
+            console_log=where(run_dir / "console.log"),
+            stdout_log=where(run_dir / "stdout.log"),
+            stderr_log=where(run_dir / "stderr.log"),
+            accel=accel,
+            memory_mib=self.gpu_memory_mib if gpu else self.memory_mib,
+            cpus=self.cpus,
+            gpu=gpu,
+            hostmem_mib=stack.gpu_vram_mib or 2048,
+            display=display,
+            quiet=os.environ.get("PROVISION_GUEST_DEBUG") != "1",
+        )
+        argv = qemu.argv(spec)
+        (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
+        env = {"HOME": "/root", "XDG_RUNTIME_DIR": "/tmp", **self.qemu_env}
+        x: xvfb.Xvfb | None = None
+        proc: subprocess.Popen[bytes] | None = None
+        started = time.monotonic()
+        try:
+            if display == "sdl":
+                x = xvfb.start(chroot, run_dir / "xvfb.log")
+                env["DISPLAY"] = x.display
+                env["SDL_VIDEODRIVER"] = "x11"
+            full = chroot.argv(argv, env) if chroot else argv
+            with (run_dir / "qemu.log").open("wb") as qlog:
+                proc = subprocess.Popen(
+                    full,
+                    stdin=subprocess.DEVNULL,
+                    stdout=qlog,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env=None if chroot else {**os.environ, **env},
+                )
+            self.log(
+                f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
+            )
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, cancel=cancel)
+            wall = time.monotonic() - started
+            return RunResult(status, run_dir, proc.pid, wall, accel)
+        finally:
+            if proc is not None:
+                xvfb.stop_process(proc, grace_s=3.0)
+            if x is not None:
+                x.stop()
+            _prune_runs()
+
+
+def _watch(
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    deadline: float,
+    out: BinaryIO,
+    err: BinaryIO,
+    *,
+    watch_workers: bool = False,
+    cancel: threading.Event | None = None,
+) -> int:
+    streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
+    console = run_dir / "console.log"
+    status: int | None = None
+    workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
+    seen_lines = 0
+    while True:
+        progressed = any([s.pump() for s in streams])
+        text = console.read_bytes() if console.exists() else b""
+        m = EXIT_MARKER.search(text)
+        if m:
+            status = int(m.group(1))
+            break
+        if workers is not None:
+            # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
+            lines = (_read(run_dir / "qemu.log") + _read(run_dir / "stderr.log")).splitlines()
+            for line in lines[seen_lines:]:
+                death = watchdog.classify(line)
+                if death is not None:
+                    xvfb.stop_process(proc, grace_s=2.0)
+                    raise death.error()
+            seen_lines = len(lines)
+            if progressed:
+                workers.progress()
+            death = workers.poll(time.monotonic())
+            if death is not None:
+                xvfb.stop_process(proc, grace_s=2.0)
+                raise death.error()
+        if proc.poll() is not None:
+            break
+        cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
+        if cancelled or time.monotonic() >= deadline:
+            xvfb.stop_process(proc, grace_s=2.0)
+            for s in streams:
+                s.pump()
+            if cancelled:
+                raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
+            raise RunTimeout(
+                f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
+            )
+        time.sleep(0.2)
+    # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        xvfb.stop_process(proc, grace_s=2.0)
+    for s in streams:
+        s.pump()
+    if status is None:
+        raise VmFailed(
+            f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
+            f"{_tail(run_dir / 'qemu.log')} | console: {_tail(console)}",
+            fix=f"see {run_dir}",
+        )
+    return status
+
+
+class _Tail:
+    """Copies what a growing file gains to a stream."""
+
+    def __init__(self, path: Path, sink: BinaryIO) -> None:
+        self.path, self.sink, self.offset = path, sink, 0
+
+    def pump(self) -> bool:
+        """Copy new bytes; True when there were any (the guest made progress)."""
+        if not self.path.exists():
+            return False
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        if data:
+            self.offset += len(data)
+            self.sink.write(data)
+            self.sink.flush()
+        return bool(data)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _tail(path: Path, n: int = 600) -> str:
+    try:
+        return path.read_bytes()[-n:].decode(errors="replace").strip()
+    except OSError:
+        return "(none)"
+
+
+def _has_render_node() -> bool:
+    return any(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else False
+
+
+def job_script(stack: Stack, command: Sequence[str], model_name: str | None, gpu: bool) -> str:
+    """The shell script the guest init runs: the stack's guest env, then the command."""
+    env = dict(stack.guest_env)
+    env["KRUN_GPU"] = "1" if gpu else "0"
+    if model_name:
+        env["MODEL"] = f"{vmdisk.MODEL_MOUNT}/{model_name}"
+    lines = ["# written by provision run"] + [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    lines.append("exec " + shlex.join(command))
+    return "\n".join(lines) + "\n"
+
+
+def _new_run_dir() -> Path:
+    base = cache_dir("runs")
+    d = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    d.mkdir()
+    return d
+
+
+def _prune_runs() -> None:
+    base = cache_dir("runs")
+    runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+    for old in runs[:-KEEP_RUNS]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def image_for(stack: Stack) -> tuple[str, str]:
+    """(image ref, image id) of the stack's image: the one already built for these pins, else a build."""
+    from provision.adapters import podman
+    from provision.core import pins as pins_mod
+    from provision.images import build as images
+
+    ref = images.default_tag(images.render_stack(stack, pins_mod.default()))
+    if podman.exists(ref):
+        return ref, str(podman.inspect(ref)["Id"])
+    built = images.build(stack.name)
+    return built.ref, built.image_id
+
+
+def capture_run(
+    backend: LinuxBackend,
+    stack: Stack,
+    gpu: bool,
+    model: Path | None,
+    command: Sequence[str],
+    timeout: float,
+    model_name: str | None = None,
+) -> tuple[RunResult, str, str]:
+    """Run and also return the command's stdout and stderr as text."""
+    out, err = io.BytesIO(), io.BytesIO()
+    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err, model_name=model_name)
+    return res, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
+
+
+def backend() -> LinuxBackend:
+    return LinuxBackend()
+
+
+__all__ = ["LinuxBackend", "RunResult", "backend", "job_script", "ProvisionError"]
+
+
+# --- benchmarks ------------------------------------------------------------------------------
+
+BENCH_ARGS = ("-p", "256", "-n", "16", "-r", "2", "-o", "json")
+
+
+def guest_bench_command(device_args: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """One guest command running llama-bench once per place, each after a section marker."""
+    parts = ["set -e"]
+    for where, dev in device_args.items():
+        parts.append(f"echo '@@krun-bench {where}'")
+        parts.append(
+            shlex.join(["llama-bench", "-m", "MODEL_PATH", *dev, *BENCH_ARGS]).replace("MODEL_PATH", '"$MODEL"')
+        )
+    return ["sh", "-c", "; ".join(parts)]
+
+
+GUEST_PLACES = {
+    "guest-gpu": ("-dev", "Vulkan0", "-ngl", "99"),
+    "guest-cpu": ("-dev", "none", "-ngl", "0"),
+}
+
+
+def host_native_bench(model: Path, timeout: float = 600) -> str | None:
+    """llama-bench on the host's own Vulkan device (in the host-tools tree), or None without llama.cpp there."""
+    tools = host_tools.locate()
+    if tools is None or not tools.path("usr/bin/llama-bench").exists():
+        return None
+    program = ["llama-bench", "-m", f"{IN_CHROOT['model']}/{model.name}", "-dev", "Vulkan0", "-ngl", "99", *BENCH_ARGS]
+    env = {"GGML_VK_VISIBLE_DEVICES": "0"}
+    if tools.is_chroot:
+        argv = tools.chroot().with_binds({model.resolve().parent: IN_CHROOT["model"]}).argv(program, env)
+    else:
+        program[2] = str(model)
+        argv = program
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
+    )
+    if proc.returncode != 0:
+        raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
+    return proc.stdout

@@ -1,0 +1,46 @@
+"""The Linux APIR guest stack (llama-apir-linux) builds for real from the pinned llama.cpp
+source, offline (no venus_hw.h download), with our supports_op patch, and its llama-bench
+starts and reports that no virtgpu device is present on a host without one."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from provision.adapters import podman
+from provision.core import catalog
+from provision.images import build as images
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def built() -> images.BuiltImage:
+    return images.build("llama-apir-linux")
+
+
+def test_image_carries_the_route_protocol_and_patch(built):
+    labels = podman.labels(built.ref)
+    assert labels["krun-gpu.route"] == "apir"
+    assert labels["krun-gpu.apir.protocol"] == "0.2"
+    assert labels["krun-gpu.patches"] == "0001-ggml-virtgpu-ask-the-host-supports-op.patch"
+    stack = catalog.load().get("llama-apir-linux")
+    assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env
+
+
+def test_llama_bench_lists_no_virtgpu_device_without_one(built, tmp_path):
+    rootfs = images.export_rootfs(built.ref, tmp_path / "rootfs")
+    for tool in ("llama-bench", "test-backend-ops"):
+        assert (rootfs / "usr/local/bin" / tool).is_file()
+    assert list((rootfs / "boot").glob("vmlinuz-*")) and list((rootfs / "boot").glob("initrd.img-*"))
+    proc = subprocess.run(
+        ["chroot", str(rootfs), "/usr/local/bin/llama-bench", "--list-devices"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "ggml-virtgpu" in out and "failed to open the virtgpu device" in out
+    assert "Available devices:" in out and "[virtgpu]" not in out

@@ -1,0 +1,82 @@
+"""The command face: what `provision --help` tells a user, one-line help and an example everywhere."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+import pytest
+
+from provision import cli
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], str, str]]:
+    """(command path, one-line help, epilog) of every command and subcommand."""
+    out = []
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
+        helps = {a.dest: a.help or "" for a in action._choices_actions}
+        for name, sub in action.choices.items():
+            out.append(((*path, name), helps.get(name, ""), sub.epilog or ""))
+            out += _walk(sub, (*path, name))
+    return out
+
+
+def test_top_help_says_what_the_tool_is_for_a_user() -> None:
+    text = cli.build_parser().format_help()
+    assert "GPU llama.cpp in Linux guests" in text
+    assert "quick start" in text and "provision image llama-linux" in text
+    assert "Thin command line" not in text  # not the CLI module's docstring
+
+
+def test_every_command_has_a_one_line_help_and_an_example() -> None:
+    commands = _walk(cli.build_parser())
+    assert len(commands) >= 20
+    for path, help_text, epilog in commands:
+        assert help_text and "\n" not in help_text, path
+        assert epilog.startswith("example:") and f"provision {path[0]}" in epilog, path
+
+
+@pytest.mark.parametrize(
+    ("argv", "expanded"),
+    [
+        (["image", "llama"], ["image", "build", "llama"]),
+        (["image", "llama-linux", "--model", "tiny-llama"], ["image", "build", "llama-linux", "--model", "tiny-llama"]),
+        (["image", "render", "llama"], ["image", "render", "llama"]),
+        (["image", "--help"], ["image", "--help"]),
+        (["run", "image"], ["run", "image"]),
+    ],
+)
+def test_image_short_form_is_image_build(argv: list[str], expanded: list[str]) -> None:
+    assert cli.expand_short_forms(argv) == expanded
+
+
+def test_short_form_reaches_the_build_handler() -> None:
+    args = cli.build_parser().parse_args(cli.expand_short_forms(["image", "llama", "--json"]))
+    assert args.func.__name__ == "run_build" and args.stack == "llama" and args.json
+
+
+def test_help_imports_no_domain_package() -> None:
+    # A fresh interpreter: `--help` loads the CLI and a few constant tables (choices, defaults),
+    # never a template engine, a YAML parser, the model store, a host backend or doctor.
+    code = (
+        "import sys, contextlib, io\n"
+        "from provision import cli\n"
+        "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+        "    cli.main(['--help'])\n"
+        "print(' '.join(sorted(sys.modules)))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    heavy = ("jinja2", "yaml", "plumbum", "provision.models", "provision.images", "provision.hosts",
+             "provision.doctor")
+    assert [m for m in loaded if m.startswith(heavy)] == []
+    assert "provision.cli.model" in loaded  # the probe saw the command modules being loaded
