@@ -65,11 +65,12 @@ def test_three_gpu_jobs_two_run_at_once_the_third_after_one_ends(api: Api) -> No
     first, second, third = sorted(results, key=lambda r: at(r["started_at"]))
     for r in (first, second, third):  # shown with pytest -rP: the evidence in the report
         print(f"job {r['job']}: started {r['started_at']} ended {r['ended_at']} device {r['device']}")
-    # the first two overlap: each started before the other ended
-    assert at(second["started_at"]) < at(first["ended_at"])
-    # the third waited for a GPU slot: it started only once one of the first two had ended
+    spans = [(at(r["started_at"]), at(r["ended_at"])) for r in (first, second, third)]
+    running_at = [sum(1 for s, e in spans if s <= start < e) for start, _ in spans]
+    # two ran at once (other runs on a shared host may hold a slot for a while, so not necessarily
+    # the first two), and never three: the last one started only once another had ended
+    assert max(running_at) == 2, spans
     assert at(third["started_at"]) >= min(at(first["ended_at"]), at(second["ended_at"]))
-    assert third["queued_s"] > first["queued_s"]
 
 
 def test_gpu_on_the_cpu_stack_is_400_e007_at_once_and_starts_no_vm(api: Api) -> None:
