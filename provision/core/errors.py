@@ -192,6 +192,14 @@ class BenchGateFailed(ProvisionError):
     default_fix = "read the bench report named above; the gate compares guest GPU with guest CPU"
 
 
+class RunCancelled(ProvisionError):
+    """The caller stopped the run (an API client went away, the API server is stopping)."""
+
+    code = "E026"
+    exit_status = 36
+    summary = "the run was cancelled before the guest finished"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 
@@ -268,6 +276,15 @@ class ProtocolMismatch(ProvisionError):
     exit_status = 54
     summary = "guest and host APIR protocol versions differ"
     default_fix = "rebuild the guest image and the host backend from the same llama.cpp pin"
+
+
+# --- the HTTP execution API (provision api) --------------------------------------------------
+
+
+class Unauthorized(ProvisionError):
+    code = "E050"
+    exit_status = 60
+    summary = "the API request carried no valid bearer token"
 
 
 def all_errors() -> list[type[ProvisionError]]:

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from provision.adapters import procs, qemu, xvfb
 from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
-from provision.core.errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
+from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
 from provision.hosts.linux import companions, slots, watchdog
@@ -99,6 +100,7 @@ class LinuxBackend:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         model_name: str | None = None,
+        cancel: threading.Event | None = None,
     ) -> RunResult:
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
@@ -128,10 +130,11 @@ class LinuxBackend:
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
         procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
-        slot = slots.acquire(deadline) if gpu else None
+        slot = slots.acquire(deadline, cancel=cancel) if gpu else None
         try:
             fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
-            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds)
+            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds,
+                              cancel=cancel)
         finally:
             if slot is not None:
                 slot.release()
@@ -152,6 +155,7 @@ class LinuxBackend:
         out: BinaryIO,
         err: BinaryIO,
         keep_fds: tuple[int, ...] = (),
+        cancel: threading.Event | None = None,
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -212,7 +216,8 @@ class LinuxBackend:
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
             beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside,
+                            cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
@@ -234,6 +239,7 @@ def _watch(
     *,
     watch_workers: bool = False,
     beside: companions.Companions | None = None,
+    cancel: threading.Event | None = None,
 ) -> int:
     streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
@@ -267,10 +273,13 @@ def _watch(
         dead = beside.poll() if beside is not None else None
         if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
-        if time.monotonic() >= deadline:
+        cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
+        if cancelled or time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
                 s.pump()
+            if cancelled:
+                raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
             raise RunTimeout(
                 f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
             )
