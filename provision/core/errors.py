@@ -198,6 +198,7 @@ class RunCancelled(ProvisionError):
     code = "E026"
     exit_status = 36
     summary = "the run was cancelled before the guest finished"
+    default_fix = "run it again and keep the connection open until the result arrives (or use /execute/stream)"
 
 
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
@@ -285,6 +286,7 @@ class Unauthorized(ProvisionError):
     code = "E050"
     exit_status = 60
     summary = "the API request carried no valid bearer token"
+    default_fix = "send `Authorization: Bearer TOKEN` with the token in the server's --token-file"
 
 
 def all_errors() -> list[type[ProvisionError]]:
