@@ -192,6 +192,14 @@ class BenchGateFailed(ProvisionError):
     default_fix = "read the bench report named above; the gate compares guest GPU with guest CPU"
 
 
+class PortInUse(ProvisionError):
+    """Checked before the guest boots, so a busy port never costs a VM start."""
+
+    code = "E026"
+    exit_status = 36
+    summary = "the host port to publish is already in use"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 
