@@ -13,6 +13,9 @@ from provision.core.errors import ProvisionError, VmFailed
 from provision.serve import state as serve_state
 from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
 
+# A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
+SERVE_LIMIT_S = 30 * 24 * 3600.0
+
 
 class LinuxGuest:
     """A LinuxBackend run in a worker thread. Stopping SIGTERMs QEMU: the run's own cleanup
@@ -50,7 +53,7 @@ class LinuxGuest:
                 req.gpu,
                 req.model_path,
                 command,
-                None,
+                SERVE_LIMIT_S,
                 req.route,
                 stdout=self.out,
                 stderr=self.err,
