@@ -198,6 +198,7 @@ class PortInUse(ProvisionError):
     code = "E026"
     exit_status = 36
     summary = "the host port to publish is already in use"
+    default_fix = "choose another --port, or stop what listens there (`provision ps`, `ss -ltnp`)"
 
 
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
