@@ -177,26 +177,27 @@ def serve(
             log=log,
         )
     )
+    # SIGTERM (`provision stop`) and SIGHUP arrive as KeyboardInterrupt (adapters/signals.py, set by
+    # the CLI's main), so every way out passes the guest's stop below.
     try:
-        with serve_state.signals_as_interrupt():
-            guest.start()
-            try:
-                wait_healthy(req, guest)
-                extra = guest.details()
-                entry = serve_state.update(
-                    entry,
-                    status="healthy",
-                    qemu_pid=extra.get("qemu_pid"),
-                    run_dir=extra.get("run_dir"),
-                )
-                on_ready(entry)
-                while guest.running():
-                    time.sleep(0.5)
-                raise guest.failure()
-            finally:
-                # A second Ctrl-C must not cut the cleanup short.
-                with _ignoring_interrupts():
-                    guest.stop()
+        guest.start()
+        try:
+            wait_healthy(req, guest)
+            extra = guest.details()
+            entry = serve_state.update(
+                entry,
+                status="healthy",
+                qemu_pid=extra.get("qemu_pid"),
+                run_dir=extra.get("run_dir"),
+            )
+            on_ready(entry)
+            while guest.running():
+                time.sleep(0.5)
+            raise guest.failure()
+        finally:
+            # A second Ctrl-C must not cut the cleanup short.
+            with _ignoring_interrupts():
+                guest.stop()
     finally:
         serve_state.release(entry)
 

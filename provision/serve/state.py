@@ -6,9 +6,10 @@ written whole (temp name + rename; the first claim by hard link, so two serves n
 name). An entry whose owner is gone (pid dead, or reused: the kernel start time differs) is
 stale and removed whenever entries are listed.
 
-Process handling for serve lives only here: reading a pid's start time, SIGTERM/SIGHUP as
-Ctrl-C, starting the supervisor, stopping an owner (SIGTERM, then SIGKILL of it and of the
-processes below it). A shared spawn/reaper module can take these over whole.
+Process handling for serve lives only here: reading a pid's start time, starting the
+supervisor, stopping an owner (SIGTERM, then SIGKILL of it and of the processes below it).
+SIGTERM reaches a serve as KeyboardInterrupt (adapters/signals.py); adapters/procs.py records and
+reaps the guest's own processes.
 """
 
 from __future__ import annotations
@@ -21,10 +22,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from provision.core.errors import InvalidValue, ProvisionError, VmFailed, all_errors
@@ -172,21 +172,6 @@ def process_start(pid: int) -> str | None:
 def alive(pid: int, start: str) -> bool:
     now = process_start(pid)
     return now is not None and (not start or now == start)
-
-
-def _as_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
-@contextlib.contextmanager
-def signals_as_interrupt() -> Iterator[None]:
-    """SIGTERM and SIGHUP end a serve the way Ctrl-C does (`provision stop` sends SIGTERM)."""
-    old = {s: signal.signal(s, _as_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
 
 
 def terminate(pid: int) -> None:
