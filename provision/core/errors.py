@@ -201,6 +201,15 @@ class RunCancelled(ProvisionError):
     default_fix = "run it again and keep the connection open until the result arrives (or use /execute/stream)"
 
 
+class PortInUse(ProvisionError):
+    """Checked before the guest boots, so a busy port never costs a VM start."""
+
+    code = "E027"
+    exit_status = 37
+    summary = "the host port to publish is already in use"
+    default_fix = "choose another --port, or stop what listens there (`provision ps`, `ss -ltnp`)"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 

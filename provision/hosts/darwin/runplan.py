@@ -35,6 +35,21 @@ def guest_env(stack: Stack, route: str, compat: dict[str, Any]) -> dict[str, str
 
 
 @dataclass(frozen=True)
+class Publish:
+    """A container port published on the Mac (podman's ``-p HOST:PORT:GUEST``); serve only.
+
+    Without one a run needs no network; the isolation of runs keys on ``publish is None``.
+    """
+
+    host: str
+    port: int
+    guest_port: int
+
+    def podman_args(self) -> list[str]:
+        return ["-p", f"{self.host}:{self.port}:{self.guest_port}"]
+
+
+@dataclass(frozen=True)
 class RunPlan:
     argv: tuple[str, ...]
     route: str
@@ -54,12 +69,19 @@ def plan_run(
     command: Sequence[str],
     compat: dict[str, Any],
     image: str,
+    publish: Publish | None = None,
+    interactive: bool = False,
+    model_name: str | None = None,
 ) -> RunPlan:
     catalog.check_gpu(stack, gpu)
     chosen = catalog.check_route(stack, route)
     if not command:
         raise InvalidValue("provision run: no command after --")
     argv = ["podman", "run", "--rm"]
+    if interactive:
+        argv.append("-it")  # provision shell: the user's terminal is the container's
+    if publish is not None:
+        argv += publish.podman_args()
     if gpu:
         # Without --device the container sees no render node: never a silent CPU run.
         argv += ["--device", "/dev/dri"]
@@ -69,11 +91,12 @@ def plan_run(
     if model_path is not None:
         if not model_path.is_absolute():
             raise InvalidValue(f"model path {model_path}: must be absolute (podman mounts host paths)")
-        model_in_guest = f"{MODEL_DIR}/{model_path.name}"
+        model_in_guest = f"{MODEL_DIR}/{model_name or model_path.name}"
         argv += ["-v", f"{model_path}:{model_in_guest}:ro"]
     env = guest_env(stack, chosen, compat) if gpu else dict(stack.guest_env)
     if model_in_guest:
         env["PROVISION_MODEL"] = model_in_guest
+        env["MODEL"] = model_in_guest  # the name Linux guests use (serve's command reads it)
     for key in sorted(env):
         argv += ["-e", f"{key}={env[key]}"]
     argv.append(image)

@@ -64,6 +64,12 @@ class LinuxBackend:
     extra_binds: dict[Path, str] = field(default_factory=dict)  # host dir -> path in the tools chroot
     # APIR: a dead host render worker leaves the guest spinning, so watch for it (watchdog.py).
     watch_workers: bool = False
+    # provision serve / shell (provision/serve.py, provision/shell.py): a published port, a
+    # terminal for ttyS1, a hook told QEMU's pid and the run dir, a bound wait for a GPU slot.
+    forward: qemu.Forward | None = None
+    terminal: str | None = None
+    on_start: Callable[[int, Path], None] | None = None
+    slot_wait_s: float | None = None
 
     def _use_apir(self, tools: host_tools.HostTools) -> None:
         """APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed)."""
@@ -130,7 +136,8 @@ class LinuxBackend:
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
         procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
-        slot = slots.acquire(deadline, cancel=cancel) if gpu else None
+        slot_deadline = deadline if self.slot_wait_s is None else min(deadline, time.monotonic() + self.slot_wait_s)
+        slot = slots.acquire(slot_deadline, cancel=cancel) if gpu else None
         try:
             fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
             return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds,
@@ -188,6 +195,8 @@ class LinuxBackend:
             hostmem_mib=stack.gpu_vram_mib or 2048,
             display=display,
             quiet=os.environ.get("PROVISION_GUEST_DEBUG") != "1",
+            forward=self.forward,
+            terminal=self.terminal,
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
@@ -215,6 +224,8 @@ class LinuxBackend:
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
             )
+            if self.on_start is not None:
+                self.on_start(proc.pid, run_dir)
             beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
             status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside,
                             cancel=cancel)
