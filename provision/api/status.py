@@ -34,6 +34,7 @@ HTTP_STATUS: dict[str, int] = {
     e.VmFailed.code: 502,
     e.BenchGateFailed.code: 500,
     e.RunCancelled.code: 503,
+    e.PortInUse.code: 409,
     e.KrunBundleMissing.code: 500,
     e.MemoryLimit.code: 400,
     e.VersionSkew.code: 500,

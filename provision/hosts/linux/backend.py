@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -31,7 +31,7 @@ from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import companions, slots, watchdog
+from provision.hosts.linux import companions, logs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
@@ -252,7 +252,7 @@ def _watch(
     beside: companions.Companions | None = None,
     cancel: threading.Event | None = None,
 ) -> int:
-    streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
+    streams = [logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
     status: int | None = None
     workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
@@ -266,7 +266,7 @@ def _watch(
             break
         if workers is not None:
             # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
-            lines = (_read(run_dir / "qemu.log") + _read(run_dir / "stderr.log")).splitlines()
+            lines = (logs.read_text(run_dir / "qemu.log") + logs.read_text(run_dir / "stderr.log")).splitlines()
             for line in lines[seen_lines:]:
                 death = watchdog.classify(line)
                 if death is not None:
@@ -305,44 +305,10 @@ def _watch(
     if status is None:
         raise VmFailed(
             f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
-            f"{_tail(run_dir / 'qemu.log')} | console: {_tail(console)}",
+            f"{logs.tail(run_dir / 'qemu.log')} | console: {logs.tail(console)}",
             fix=f"see {run_dir}",
         )
     return status
-
-
-class _Tail:
-    """Copies what a growing file gains to a stream."""
-
-    def __init__(self, path: Path, sink: BinaryIO) -> None:
-        self.path, self.sink, self.offset = path, sink, 0
-
-    def pump(self) -> bool:
-        """Copy new bytes; True when there were any (the guest made progress)."""
-        if not self.path.exists():
-            return False
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        if data:
-            self.offset += len(data)
-            self.sink.write(data)
-            self.sink.flush()
-        return bool(data)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(path: Path, n: int = 600) -> str:
-    try:
-        return path.read_bytes()[-n:].decode(errors="replace").strip()
-    except OSError:
-        return "(none)"
 
 
 def _has_render_node() -> bool:
@@ -408,45 +374,3 @@ def backend() -> LinuxBackend:
 
 
 __all__ = ["LinuxBackend", "RunResult", "backend", "job_script", "ProvisionError"]
-
-
-# --- benchmarks ------------------------------------------------------------------------------
-
-BENCH_ARGS = ("-p", "256", "-n", "16", "-r", "2", "-o", "json")
-
-
-def guest_bench_command(device_args: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """One guest command running llama-bench once per place, each after a section marker."""
-    parts = ["set -e"]
-    for where, dev in device_args.items():
-        parts.append(f"echo '@@krun-bench {where}'")
-        parts.append(
-            shlex.join(["llama-bench", "-m", "MODEL_PATH", *dev, *BENCH_ARGS]).replace("MODEL_PATH", '"$MODEL"')
-        )
-    return ["sh", "-c", "; ".join(parts)]
-
-
-GUEST_PLACES = {
-    "guest-gpu": ("-dev", "Vulkan0", "-ngl", "99"),
-    "guest-cpu": ("-dev", "none", "-ngl", "0"),
-}
-
-
-def host_native_bench(model: Path, timeout: float = 600) -> str | None:
-    """llama-bench on the host's own Vulkan device (in the host-tools tree), or None without llama.cpp there."""
-    tools = host_tools.locate()
-    if tools is None or not tools.path("usr/bin/llama-bench").exists():
-        return None
-    program = ["llama-bench", "-m", f"{IN_CHROOT['model']}/{model.name}", "-dev", "Vulkan0", "-ngl", "99", *BENCH_ARGS]
-    env = {"GGML_VK_VISIBLE_DEVICES": "0"}
-    if tools.is_chroot:
-        argv = tools.chroot().with_binds({model.resolve().parent: IN_CHROOT["model"]}).argv(program, env)
-    else:
-        program[2] = str(model)
-        argv = program
-    proc = procs.run(
-        argv, "llama-bench", text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
-    )
-    if proc.returncode != 0:
-        raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return proc.stdout
