@@ -76,14 +76,14 @@ def run(args: argparse.Namespace) -> int:
 
 def _bundle(args: argparse.Namespace) -> int:
     from provision.core import catalog
-    from provision.hosts.linux import bundle, disks
+    from provision.hosts.linux import bundle, bundle_archive, disks
     from provision.hosts.linux import tools as host_tools
     from provision.hosts.linux.backend import image_for
 
     if args.bundle is not None and args.from_ is not None:
         raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
     if args.from_ is not None:
-        dest = bundle.install(args.from_, args.to)
+        dest = bundle_archive.install(args.from_, args.to)
         tools = host_tools.HostTools(dest, "bundle", bundle=True)
         checks = host_tools.checks(tools)
         payload: dict[str, object] = {"installed": str(dest), "checks": [c.as_dict() for c in checks]}

@@ -30,8 +30,8 @@ from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
+from provision.hosts.linux import bundle, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import slots, watchdog
 from provision.hosts.linux import tools as host_tools
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
@@ -118,7 +118,7 @@ class LinuxBackend:
         tools = host_tools.require(gpu=gpu)
         if stack.route == "apir" and gpu:
             self._use_apir(tools)
-        root = _bundled_root(tools, stack) or self.root_disk(stack)
+        root = bundle.root_disk_for(tools, stack) or self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
         model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
         run_dir = _new_run_dir()
@@ -340,22 +340,6 @@ def _prune_runs() -> None:
     runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
     for old in runs[:-KEEP_RUNS]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def _bundled_root(tools: host_tools.HostTools, stack: Stack) -> vmdisk.RootDisk | None:
-    """The guest disk an installed bundle carries for ``stack`` and these pins (no podman needed)."""
-    if not tools.bundle:
-        return None
-    from provision.core import pins as pins_mod
-    from provision.hosts.linux import bundle
-    from provision.images import build as images
-
-    guest = bundle.guest(tools.root)
-    if guest is None or guest.stack != stack.name:
-        return None
-    if guest.image != images.default_tag(images.render_stack(stack, pins_mod.default())):
-        return None
-    return vmdisk.RootDisk(guest.disk, guest.kernel, guest.initrd, guest.image_id)
 
 
 def image_for(stack: Stack) -> tuple[str, str]:

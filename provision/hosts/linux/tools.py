@@ -33,7 +33,7 @@ from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
 from provision.core.paths import cache_dir
-from provision.hosts.linux import bundle as bundle_mod
+from provision.hosts.linux import bundle_archive as bundle_mod
 
 ENV_VAR = "PROVISION_HOST_TOOLS"
 READY_STAMP = ".provision-host-tools.json"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from provision.core.errors import HostToolsMissing
-from provision.hosts.linux import bundle, elf
+from provision.hosts.linux import bundle, bundle_archive, elf
 from provision.hosts.linux import tools as host_tools
 
 SH = Path("/bin/sh")
@@ -95,19 +95,22 @@ def staged(tmp_path: Path) -> Path:
     top = tmp_path / "staged"
     (top / "usr/bin").mkdir(parents=True)
     (top / "usr/bin/tool").write_text("#!/bin/sh\necho tool\n")
+    (top / "usr/bin/tool").chmod(0o755)  # the mode travels in the tar
     (top / "usr/share/data.txt").parent.mkdir(parents=True)
     (top / "usr/share/data.txt").write_text("data\n")
-    (top / bundle.MANIFEST).write_text(json.dumps({"format": bundle.FORMAT, "guest": {}, "files": bundle._hashes(top)}))
+    (top / bundle_archive.MANIFEST).write_text(
+        json.dumps({"format": bundle_archive.FORMAT, "guest": {}, "files": bundle_archive.hashes(top)})
+    )
     return top
 
 
 def test_pack_then_install_gives_the_same_files_and_an_executable_wrapper(tmp_path: Path) -> None:
     archive = tmp_path / "b.tar.zst"
-    bundle.pack(staged(tmp_path), archive, level=3)
-    dest = bundle.install(archive, tmp_path / "tools")
+    bundle_archive.pack(staged(tmp_path), archive, level=3)
+    dest = bundle_archive.install(archive, tmp_path / "tools")
     assert (dest / "usr/share/data.txt").read_text() == "data\n"
     assert subprocess.run([str(dest / "usr/bin/tool")], capture_output=True, text=True).stdout == "tool\n"
-    assert bundle.is_bundle(dest)
+    assert bundle_archive.is_bundle(dest)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs left
 
 
@@ -115,12 +118,12 @@ def test_install_refuses_a_bundle_whose_file_differs_from_the_manifest_and_insta
     top = staged(tmp_path)
     (top / "usr/share/data.txt").write_text("changed\n")
     archive = tmp_path / "b.tar.zst"
-    bundle.pack(top, archive, level=3)
+    bundle_archive.pack(top, archive, level=3)
     old = tmp_path / "tools"
     old.mkdir()
     (old / "kept").write_text("previous install\n")
     with pytest.raises(HostToolsMissing) as err:
-        bundle.install(archive, old)
+        bundle_archive.install(archive, old)
     assert "usr/share/data.txt" in err.value.message
     assert (old / "kept").read_text() == "previous install\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.tar.zst", "staged", "tools"]
@@ -139,7 +142,7 @@ def test_install_refuses_links_and_paths_leaving_the_directory(tmp_path: Path) -
     archive = tmp_path / "bad.tar.zst"
     archive.write_bytes(subprocess.run(["zstd", "-q", "-c"], input=raw.getvalue(), capture_output=True).stdout)
     with pytest.raises(HostToolsMissing) as err:
-        bundle.install(archive, tmp_path / "tools")
+        bundle_archive.install(archive, tmp_path / "tools")
     assert "usr/bin/evil" in err.value.message and "../outside" in err.value.message
     assert not (tmp_path / "outside").exists() and not (tmp_path / "tools").exists()
 
@@ -148,9 +151,9 @@ def test_install_names_a_file_that_is_not_a_bundle(tmp_path: Path) -> None:
     junk = tmp_path / "junk.tar.zst"
     junk.write_bytes(b"not zstd at all")
     with pytest.raises(HostToolsMissing):
-        bundle.install(junk, tmp_path / "tools")
+        bundle_archive.install(junk, tmp_path / "tools")
     with pytest.raises(HostToolsMissing) as err:
-        bundle.install(tmp_path / "absent.tar.zst", tmp_path / "tools")
+        bundle_archive.install(tmp_path / "absent.tar.zst", tmp_path / "tools")
     assert "is not a file" in err.value.message
 
 
