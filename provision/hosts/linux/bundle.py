@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -295,9 +296,10 @@ def guest(root: Path) -> Guest | None:
 
 
 def make(
-    root: Path, out: Path, guest: Guest | None, *, level: int = 10, log: Callable[[str], None] = print
+    root: Path, out: Path, guest: Guest | None, *, level: int = 10, log: Callable[[str], None] | None = None
 ) -> dict[str, object]:
     """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))  # stdout is for --json
     staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
