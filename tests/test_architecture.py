@@ -16,29 +16,12 @@ MAX_LINES = 400
 
 # layer -> layers it must never import (prefixes of dotted module names)
 FORBIDDEN = {
-    "provision.core": (
-        "provision.adapters",
-        "provision.hosts",
-        "provision.cli",
-        "provision.models",
-        "provision.images",
-        "provision.apir",
-        "provision.doctor",
-        "provision.bench",
-        "provision.api",
-        "provision.serve",
-    ),
-    "provision.adapters": (
-        "provision.hosts",
-        "provision.cli",
-        "provision.models",
-        "provision.images",
-        "provision.apir",
-        "provision.doctor",
-        "provision.bench",
-        "provision.api",
-        "provision.serve",
-    ),
+    "provision.core": ("provision.adapters", "provision.hosts", "provision.cli", "provision.models",
+                       "provision.images", "provision.apir", "provision.doctor", "provision.bench",
+                       "provision.api", "provision.serve"),
+    "provision.adapters": ("provision.hosts", "provision.cli", "provision.models", "provision.images",
+                           "provision.apir", "provision.doctor", "provision.bench", "provision.api",
+                           "provision.serve"),
     "provision.hosts.linux": ("provision.hosts.darwin", "provision.cli"),
     "provision.hosts.darwin": ("provision.hosts.linux", "provision.cli"),
     "provision.models": ("provision.hosts", "provision.cli", "provision.images", "provision.apir"),
@@ -166,21 +149,12 @@ def test_every_package_says_what_lives_there_and_what_it_may_import() -> None:
 @pytest.mark.parametrize(
     ("module", "source", "expected"),
     [
-        (
-            "provision.core.x",
-            "from provision.adapters import podman\n",
-            ["provision.core.x imports provision.adapters.podman"],
-        ),
-        (
-            "provision.adapters.x",
-            "def f():\n    from provision.hosts.linux import backend\n",
-            ["provision.adapters.x imports provision.hosts.linux.backend"],
-        ),
-        (
-            "provision.models.x",
-            "from provision.cli import main\n",
-            ["provision.models.x imports provision.cli", "provision.models.x imports the CLI (provision.cli)"],
-        ),
+        ("provision.core.x", "from provision.adapters import podman\n",
+         ["provision.core.x imports provision.adapters.podman"]),
+        ("provision.adapters.x", "def f():\n    from provision.hosts.linux import backend\n",
+         ["provision.adapters.x imports provision.hosts.linux.backend"]),
+        ("provision.models.x", "from provision.cli import main\n",
+         ["provision.models.x imports provision.cli", "provision.models.x imports the CLI (provision.cli)"]),
         ("provision.hosts.linux.x", "from provision.core import errors\n", []),
     ],
 )
@@ -192,11 +166,8 @@ def test_the_checker_catches_a_wrong_direction(tmp_path: Path, module: str, sour
     deps: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            deps.add(
-                f"{node.module}.{node.names[0].name}"
-                if _is_module(f"{node.module}.{node.names[0].name}")
-                else node.module
-            )
+            deps.add(f"{node.module}.{node.names[0].name}" if _is_module(f"{node.module}.{node.names[0].name}")
+                     else node.module)
     assert violations({module: deps}) == expected
 
 

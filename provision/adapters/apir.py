@@ -37,45 +37,20 @@ KEY_GGML_REG = "ggml.library.reg"
 DEFAULT_REG = "ggml_backend_init"
 
 # ApirLoadLibraryReturnCode (shared/api_remoting.h)
-LOAD_CODES = {
-    0: "SUCCESS",
-    1: "HYPERCALL_INITIALIZATION_ERROR",
-    2: "ALREADY_LOADED",
-    3: "ENV_VAR_MISSING",
-    4: "CANNOT_OPEN",
-    5: "SYMBOL_MISSING",
-}
+LOAD_CODES = {0: "SUCCESS", 1: "HYPERCALL_INITIALIZATION_ERROR", 2: "ALREADY_LOADED", 3: "ENV_VAR_MISSING",
+              4: "CANNOT_OPEN", 5: "SYMBOL_MISSING"}
 INIT_BASE_INDEX = 6
 # APIR_BACKEND_INITIALIZE_* (shared/apir_backend.h), reported as INIT_BASE_INDEX + value
-INIT_CODES = {
-    0: "SUCCESS",
-    1: "CANNOT_OPEN_BACKEND_LIBRARY",
-    2: "CANNOT_OPEN_GGML_LIBRARY",
-    3: "MISSING_BACKEND_SYMBOLS",
-    4: "MISSING_GGML_SYMBOLS",
-    5: "BACKEND_FAILED",
-    6: "BACKEND_REG_FAILED",
-    7: "ALREADY_INITED",
-    8: "NO_DEVICE",
-    9: "BACKEND_INIT_FAILED",
-}
+INIT_CODES = {0: "SUCCESS", 1: "CANNOT_OPEN_BACKEND_LIBRARY", 2: "CANNOT_OPEN_GGML_LIBRARY",
+              3: "MISSING_BACKEND_SYMBOLS", 4: "MISSING_GGML_SYMBOLS", 5: "BACKEND_FAILED",
+              6: "BACKEND_REG_FAILED", 7: "ALREADY_INITED", 8: "NO_DEVICE", 9: "BACKEND_INIT_FAILED"}
 
 # Dispatch commands (shared/apir_backend.gen.h)
 CMD = {
-    "device_get_count": 1,
-    "device_get_name": 2,
-    "device_get_description": 3,
-    "device_get_type": 4,
-    "device_get_memory": 5,
-    "device_get_buffer_type": 7,
-    "device_get_props": 8,
-    "buffer_type_get_name": 10,
-    "buffer_type_get_alignment": 11,
-    "buffer_type_get_max_size": 12,
-    "buffer_type_alloc_buffer": 14,
-    "buffer_get_base": 16,
-    "buffer_clear": 20,
-    "buffer_free_buffer": 21,
+    "device_get_count": 1, "device_get_name": 2, "device_get_description": 3, "device_get_type": 4,
+    "device_get_memory": 5, "device_get_buffer_type": 7, "device_get_props": 8,
+    "buffer_type_get_name": 10, "buffer_type_get_alignment": 11, "buffer_type_get_max_size": 12,
+    "buffer_type_alloc_buffer": 14, "buffer_get_base": 16, "buffer_clear": 20, "buffer_free_buffer": 21,
 }
 DEVICE_TYPES = {0: "CPU", 1: "GPU", 2: "IGPU", 3: "ACCEL"}
 REQUIRED_SYMBOLS = ("apir_backend_initialize", "apir_backend_dispatcher")
@@ -101,8 +76,8 @@ class ProbeRequest:
     ctx_id: int = 1
     init_twice: bool = False
     query_device: bool = True
-    alloc_bytes: int = 0  # > 0: allocate, clear and free a buffer of this size
-    bench_repeat: int = 0  # > 0: time every command this many times
+    alloc_bytes: int = 0           # > 0: allocate, clear and free a buffer of this size
+    bench_repeat: int = 0          # > 0: time every command this many times
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 180.0
 
@@ -110,12 +85,12 @@ class ProbeRequest:
 @dataclass
 class ProbeResult:
     request: dict[str, Any]
-    stage: str  # stat | dlopen | dlsym | initialize | dispatch | done | crash | timeout
+    stage: str                     # stat | dlopen | dlsym | initialize | dispatch | done | crash | timeout
     ok: bool
     loader_error: str | None = None
     code: int | None = None
     code_name: str | None = None
-    first_code: int | None = None  # with init_twice: the first call's code (code is the second's)
+    first_code: int | None = None          # with init_twice: the first call's code (code is the second's)
     first_code_name: str | None = None
     get_config_calls: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
@@ -155,35 +130,18 @@ def probe(req: ProbeRequest) -> ProbeResult:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     started = time.perf_counter()
     try:
-        proc = subprocess.run(
-            [sys.executable, "-P", "-m", "provision.adapters.apir", "--child", json.dumps(asdict(req))],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=req.timeout_s,
-        )
+        proc = subprocess.run([sys.executable, "-P", "-m", "provision.adapters.apir", "--child",
+                               json.dumps(asdict(req))], env=env, capture_output=True, text=True, timeout=req.timeout_s)
     except subprocess.TimeoutExpired as exc:
-        return ProbeResult(
-            asdict(req),
-            "timeout",
-            False,
-            wall_ms=_ms(started),
-            stderr_tail=(exc.stderr or b"")[-1500:].decode(errors="replace")
-            if isinstance(exc.stderr, bytes)
-            else str(exc.stderr or "")[-1500:],
-        )
+        return ProbeResult(asdict(req), "timeout", False, wall_ms=_ms(started),
+                           stderr_tail=(exc.stderr or b"")[-1500:].decode(errors="replace")
+                           if isinstance(exc.stderr, bytes) else str(exc.stderr or "")[-1500:])
     wall = _ms(started)
     line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
     if line is None:
-        return ProbeResult(
-            asdict(req),
-            "crash",
-            False,
-            exit_status=proc.returncode,
-            stderr_tail=proc.stderr.strip()[-1500:],
-            wall_ms=wall,
-        )
-    data = json.loads(line[len("RESULT ") :])
+        return ProbeResult(asdict(req), "crash", False, exit_status=proc.returncode,
+                           stderr_tail=proc.stderr.strip()[-1500:], wall_ms=wall)
+    data = json.loads(line[len("RESULT "):])
     result = ProbeResult(**data)
     result.exit_status = proc.returncode
     result.stderr_tail = proc.stderr.strip()[-1500:]
@@ -228,16 +186,8 @@ def _child(req_data: dict[str, Any]) -> ProbeResult:
     init.argtypes = [C.c_uint32, C.POINTER(Callbacks)]
     init.restype = C.c_uint32
     dispatch = lib.apir_backend_dispatcher
-    dispatch.argtypes = [
-        C.c_uint32,
-        C.POINTER(Callbacks),
-        C.c_uint32,
-        C.c_void_p,
-        C.c_void_p,
-        C.c_void_p,
-        C.c_void_p,
-        C.POINTER(C.c_void_p),
-    ]
+    dispatch.argtypes = [C.c_uint32, C.POINTER(Callbacks), C.c_uint32, C.c_void_p, C.c_void_p, C.c_void_p,
+                         C.c_void_p, C.POINTER(C.c_void_p)]
     dispatch.restype = C.c_uint32
 
     # ggml's logger is process-wide: install ours on the libggml-base the backend already mapped.
@@ -322,18 +272,8 @@ class _Wire:
         after = C.c_void_p()
         dec0, enc0 = C.addressof(self.dec), C.addressof(self.enc)
         started = time.perf_counter_ns()
-        ret = int(
-            self.dispatch(
-                self.ctx_id,
-                C.byref(self.cbs),
-                CMD[name],
-                dec0,
-                dec0 + len(payload),
-                enc0,
-                enc0 + len(self.enc),
-                C.byref(after),
-            )
-        )
+        ret = int(self.dispatch(self.ctx_id, C.byref(self.cbs), CMD[name], dec0, dec0 + len(payload),
+                                enc0, enc0 + len(self.enc), C.byref(after)))
         elapsed = (time.perf_counter_ns() - started) / 1e6
         self.first_call_ms.setdefault(f"cmd.{name}", round(elapsed, 3))
         self.rets[name] = ret
@@ -344,17 +284,17 @@ class _Wire:
 
 
 def _u32(b: bytes, off: int = 0) -> int:
-    return int.from_bytes(b[off : off + 4], "little")
+    return int.from_bytes(b[off:off + 4], "little")
 
 
 def _u64(b: bytes, off: int = 0) -> int:
-    return int.from_bytes(b[off : off + 8], "little")
+    return int.from_bytes(b[off:off + 8], "little")
 
 
 def _string(b: bytes) -> str:
     # apir_encode_array_size (u64, includes the NUL) + the bytes
     n = _u64(b)
-    return b[8 : 8 + max(n - 1, 0)].decode(errors="replace")
+    return b[8:8 + max(n - 1, 0)].decode(errors="replace")
 
 
 def _query_device(w: _Wire) -> dict[str, Any]:
@@ -420,18 +360,10 @@ def _bench(w: _Wire, repeat: int, size: int) -> list[dict[str, Any]]:
     _, b, _ = w.call("device_get_buffer_type")
     buft = b[:8]
     samples: dict[str, list[float]] = {}
-    simple = [
-        ("device_get_count", b""),
-        ("device_get_name", b""),
-        ("device_get_description", b""),
-        ("device_get_type", b""),
-        ("device_get_memory", b""),
-        ("device_get_props", b""),
-        ("device_get_buffer_type", b""),
-        ("buffer_type_get_name", buft),
-        ("buffer_type_get_alignment", buft),
-        ("buffer_type_get_max_size", buft),
-    ]
+    simple = [("device_get_count", b""), ("device_get_name", b""), ("device_get_description", b""),
+              ("device_get_type", b""), ("device_get_memory", b""), ("device_get_props", b""),
+              ("device_get_buffer_type", b""), ("buffer_type_get_name", buft),
+              ("buffer_type_get_alignment", buft), ("buffer_type_get_max_size", buft)]
     for name, payload in simple:
         w.call(name, payload)
         samples[name] = [w.call(name, payload)[2] for _ in range(repeat)]
@@ -450,29 +382,19 @@ def _bench(w: _Wire, repeat: int, size: int) -> list[dict[str, Any]]:
         ms_free = w.call("buffer_free_buffer", handle)[2]
         if _ == 0:
             continue  # warm-up cycle
-        for name, ms in (
-            ("buffer_type_alloc_buffer", ms_alloc),
-            ("buffer_get_base", ms_base),
-            ("buffer_clear", ms_clear),
-            ("buffer_free_buffer", ms_free),
-        ):
+        for name, ms in (("buffer_type_alloc_buffer", ms_alloc), ("buffer_get_base", ms_base),
+                         ("buffer_clear", ms_clear), ("buffer_free_buffer", ms_free)):
             samples[name].append(ms)
     rows = []
     for name, values in samples.items():
         values = sorted(values)
         if not values:
             continue
-        rows.append(
-            {
-                "command": name,
-                "cmd": CMD[name],
-                "n": len(values),
-                "min_us": round(values[0] * 1000, 2),
-                "median_us": round(values[len(values) // 2] * 1000, 2),
-                "p95_us": round(values[min(len(values) - 1, int(len(values) * 0.95))] * 1000, 2),
-                "bytes": size if name in _SIZED_COMMANDS else None,
-            }
-        )
+        rows.append({"command": name, "cmd": CMD[name], "n": len(values),
+                     "min_us": round(values[0] * 1000, 2),
+                     "median_us": round(values[len(values) // 2] * 1000, 2),
+                     "p95_us": round(values[min(len(values) - 1, int(len(values) * 0.95))] * 1000, 2),
+                     "bytes": size if name in _SIZED_COMMANDS else None})
     return rows
 
 

@@ -42,22 +42,14 @@ def system_debian_mirror(roots: tuple[Path, ...] = SOURCES_DIRS) -> str:
 
 def _apt_options(root: Path) -> list[str]:
     return [
-        "-o",
-        "Dir::Etc::SourceList=/dev/null",
-        "-o",
-        f"Dir::Etc::SourceParts={root / 'sources'}",
-        "-o",
-        f"Dir::State::Lists={root / 'lists'}",
-        "-o",
-        f"Dir::Cache={root / 'cache'}",
-        "-o",
-        "Dir::State::status=/dev/null",
-        "-o",
-        "Acquire::Languages=none",
-        "-o",
-        "APT::Sandbox::User=root",
-        "-o",
-        "Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false",
+        "-o", "Dir::Etc::SourceList=/dev/null",
+        "-o", f"Dir::Etc::SourceParts={root / 'sources'}",
+        "-o", f"Dir::State::Lists={root / 'lists'}",
+        "-o", f"Dir::Cache={root / 'cache'}",
+        "-o", "Dir::State::status=/dev/null",
+        "-o", "Acquire::Languages=none",
+        "-o", "APT::Sandbox::User=root",
+        "-o", "Acquire::IndexTargets::deb::Contents-deb::DefaultEnabled=false",
     ]
 
 

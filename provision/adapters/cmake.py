@@ -56,18 +56,16 @@ def require_tools(tools: tuple[str, ...], *, variant: str) -> None:
         )
 
 
-def _run_step(
-    name: str, cmd: list[str], *, plan: BuildPlan, log: Path, progress: Progress, env: dict[str, str] | None
-) -> float:
+def _run_step(name: str, cmd: list[str], *, plan: BuildPlan, log: Path, progress: Progress,
+              env: dict[str, str] | None) -> float:
     started = time.monotonic()
     tail: deque[str] = deque(maxlen=25)
     last_report = 0.0
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env
-        )
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                errors="replace", env=env)
         assert proc.stdout is not None
         for line in proc.stdout:
             fh.write(line)
@@ -89,9 +87,8 @@ def _run_step(
     return seconds
 
 
-def run(
-    plan: BuildPlan, *, log: Path, progress: Progress = _stderr_progress, env: dict[str, str] | None = None
-) -> dict[str, float]:
+def run(plan: BuildPlan, *, log: Path, progress: Progress = _stderr_progress,
+        env: dict[str, str] | None = None) -> dict[str, float]:
     """Configure (only when the build dir has no build.ninja yet) and build the named targets."""
     timings: dict[str, float] = {}
     plan.build_dir.mkdir(parents=True, exist_ok=True)
@@ -101,16 +98,13 @@ def run(
     configured = stamp.exists() and json.loads(stamp.read_text()) == plan.configure
     if not ((plan.build_dir / "build.ninja").exists() and configured):
         progress(f"ggml {plan.variant}: configure ({plan.source})")
-        timings["configure_s"] = round(
-            _run_step("configure", plan.configure, plan=plan, log=log, progress=progress, env=env), 1
-        )
+        timings["configure_s"] = round(_run_step("configure", plan.configure, plan=plan, log=log,
+                                                 progress=progress, env=env), 1)
         stamp.write_text(json.dumps(plan.configure))
     progress(f"ggml {plan.variant}: build {' '.join(plan.build[4:])}")
     timings["build_s"] = round(_run_step("build", plan.build, plan=plan, log=log, progress=progress, env=env), 1)
     missing = [a for a in plan.artifacts if not (plan.build_dir / "bin" / a).exists()]
     if missing:
-        raise BuildFailed(
-            f"ggml {plan.variant} build: step 'collect' found no {', '.join(missing)} in {plan.build_dir / 'bin'}",
-            fix=f"read {log}",
-        )
+        raise BuildFailed(f"ggml {plan.variant} build: step 'collect' found no {', '.join(missing)} in "
+                          f"{plan.build_dir / 'bin'}", fix=f"read {log}")
     return timings

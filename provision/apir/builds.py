@@ -43,10 +43,8 @@ class Built:
 
 def offline_include() -> Path:
     if not OFFLINE_INCLUDE.is_file():
-        raise SourceUnavailable(
-            f"{OFFLINE_INCLUDE} is missing; every ggml-virtgpu configure needs it",
-            fix="run provision from a checkout of krun-gpu (patches/ is not packaged)",
-        )
+        raise SourceUnavailable(f"{OFFLINE_INCLUDE} is missing; every ggml-virtgpu configure needs it",
+                                fix="run provision from a checkout of krun-gpu (patches/ is not packaged)")
     return OFFLINE_INCLUDE
 
 
@@ -70,7 +68,8 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     include = drm_headers_dir(pin_set)
     if (include / "drm" / "virtgpu_drm.h").exists():
         return include
-    with FileLock(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache, prefix=".kdrm-") as tmp:
+    with FileLock(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache,
+                                                                                      prefix=".kdrm-") as tmp:
         if (include / "drm" / "virtgpu_drm.h").exists():
             return include
         tmpdir = Path(tmp)
@@ -89,23 +88,15 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
         shutil.copytree(tmpdir / "root" / "usr" / "include" / "drm", staged / "drm")
         text = (staged / "drm" / "virtgpu_drm.h").read_text()
         if "num_in_syncobjs" not in text:
-            raise SourceUnavailable(
-                f"{DRM_PACKAGE} {version}: drm/virtgpu_drm.h has no execbuffer syncobj fields",
-                fix=f"pin a {DRM_PACKAGE} from kernel 6.14 or newer",
-            )
+            raise SourceUnavailable(f"{DRM_PACKAGE} {version}: drm/virtgpu_drm.h has no execbuffer syncobj fields",
+                                    fix=f"pin a {DRM_PACKAGE} from kernel 6.14 or newer")
         os.replace(staged, include)
     return include
 
 
-def plan_for(
-    variant_name: str,
-    *,
-    jobs: int = 2,
-    cuda_architectures: str | None = None,
-    source: Path | None = None,
-    pin_set: pins.Pins | None = None,
-    fetch: bool = True,
-) -> tuple[ggml_build.BuildPlan, str]:
+def plan_for(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
+             source: Path | None = None, pin_set: pins.Pins | None = None,
+             fetch: bool = True) -> tuple[ggml_build.BuildPlan, str]:
     """The plan and the source id it is keyed by; fetch=False (dry run) downloads and extracts nothing."""
     pin_set = pin_set or pins.default()
     v = ggml_build.variant(variant_name)
@@ -119,23 +110,12 @@ def plan_for(
     drm_dir = None
     if v.needs_drm_headers:
         drm_dir = drm_headers(pin_set) if fetch else drm_headers_dir(pin_set)
-    key = ggml_build.cache_key(
-        v,
-        source_sha256=source_id,
-        cuda_architectures=cuda_architectures,
-        drm_headers_sha256=(str(pin_set.debian["build_packages_sha256"][DRM_PACKAGE]) if drm_dir else None),
-    )
+    key = ggml_build.cache_key(v, source_sha256=source_id, cuda_architectures=cuda_architectures,
+                               drm_headers_sha256=(str(pin_set.debian["build_packages_sha256"][DRM_PACKAGE])
+                                                   if drm_dir else None))
     work = paths.cache_root() / "ggml" / "work" / key
-    plan = ggml_build.plan(
-        v,
-        source=tree,
-        build_dir=work,
-        key=key,
-        offline_include=offline_include(),
-        jobs=jobs,
-        cuda_architectures=cuda_architectures,
-        drm_include_dir=drm_dir,
-    )
+    plan = ggml_build.plan(v, source=tree, build_dir=work, key=key, offline_include=offline_include(),
+                           jobs=jobs, cuda_architectures=cuda_architectures, drm_include_dir=drm_dir)
     return plan, source_id
 
 
@@ -154,34 +134,21 @@ def vulkan_headers_problem(header: Path = VULKAN_HEADER) -> str | None:
     if VULKAN_REQUIRED_EXTENSION in text:
         return None
     version = re.search(r"#define VK_HEADER_VERSION (\d+)", text)
-    return (
-        f"{header} (header version {version.group(1) if version else '?'}) has no {VULKAN_REQUIRED_EXTENSION}, "
-        "which ggml-vulkan uses"
-    )
+    return (f"{header} (header version {version.group(1) if version else '?'}) has no {VULKAN_REQUIRED_EXTENSION}, "
+            "which ggml-vulkan uses")
 
 
-def ensure(
-    variant_name: str,
-    *,
-    jobs: int = 2,
-    cuda_architectures: str | None = None,
-    source: Path | None = None,
-    pin_set: pins.Pins | None = None,
-    force: bool = False,
-) -> Built:
+def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
+           source: Path | None = None, pin_set: pins.Pins | None = None, force: bool = False) -> Built:
     """The promoted build for a variant: from the cache, or built now."""
     pin_set = pin_set or pins.default()
     v = ggml_build.variant(variant_name)
     cmake.require_tools(v.tools, variant=v.name)
     if v.name == "vulkan" and (problem := vulkan_headers_problem()):
-        raise ToolMissing(
-            problem,
-            fix="install Vulkan headers with VK_EXT_layer_settings (libvulkan-dev from "
-            "Debian 13 or sid, or the LunarG SDK) and put them first on the include path",
-        )
-    plan, source_id = plan_for(
-        variant_name, jobs=jobs, cuda_architectures=cuda_architectures, source=source, pin_set=pin_set
-    )
+        raise ToolMissing(problem, fix="install Vulkan headers with VK_EXT_layer_settings (libvulkan-dev from "
+                                        "Debian 13 or sid, or the LunarG SDK) and put them first on the include path")
+    plan, source_id = plan_for(variant_name, jobs=jobs, cuda_architectures=cuda_architectures, source=source,
+                               pin_set=pin_set)
     protocol = sources.apir_protocol(plan.source, pin_set)
     key = plan.key
     root = paths.cache_dir("ggml")
@@ -197,20 +164,10 @@ def ensure(
         timings = cmake.run(plan, log=log)
         timings["total_s"] = round(time.monotonic() - started, 1)
         manifest: dict[str, object] = {
-            "variant": v.name,
-            "key": key,
-            "source": str(plan.source),
-            "build_dir": str(work),
-            "source_id": source_id,
-            "apir_protocol": list(protocol),
-            "targets": list(v.targets),
-            "configure": plan.configure,
-            "jobs": jobs,
-            "timings": timings,
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "ggml_library": v.ggml_library,
-            "ggml_reg": v.ggml_reg,
+            "variant": v.name, "key": key, "source": str(plan.source), "build_dir": str(work),
+            "source_id": source_id, "apir_protocol": list(protocol), "targets": list(v.targets),
+            "configure": plan.configure, "jobs": jobs, "timings": timings, "machine": platform.machine(),
+            "cpus": os.cpu_count(), "ggml_library": v.ggml_library, "ggml_reg": v.ggml_reg,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         with tempfile.TemporaryDirectory(dir=root, prefix=f".{key}-") as tmp:

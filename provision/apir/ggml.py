@@ -41,13 +41,8 @@ _COMMON = {
     "LLAMA_OPENSSL": "OFF",
 }
 
-_HOST = {
-    **_COMMON,
-    "GGML_VIRTGPU": "ON",
-    "GGML_VIRTGPU_BACKEND": "ONLY",
-    "LLAMA_BUILD_COMMON": "OFF",
-    "LLAMA_BUILD_TOOLS": "OFF",
-}
+_HOST = {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VIRTGPU_BACKEND": "ONLY", "LLAMA_BUILD_COMMON": "OFF",
+         "LLAMA_BUILD_TOOLS": "OFF"}
 _HOST_TARGETS = ("ggml-virtgpu-backend", "ggml-cpu")
 _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
 
@@ -58,10 +53,10 @@ class Variant:
     description: str
     defines: dict[str, str]
     targets: tuple[str, ...]
-    artifacts: tuple[str, ...]  # files expected in bin/ after the build
-    tools: tuple[str, ...]  # programs the build needs on PATH
-    ggml_library: str | None = None  # the ggml backend library APIR should load
-    ggml_reg: str | None = None  # its registration symbol
+    artifacts: tuple[str, ...]          # files expected in bin/ after the build
+    tools: tuple[str, ...]              # programs the build needs on PATH
+    ggml_library: str | None = None     # the ggml backend library APIR should load
+    ggml_reg: str | None = None         # its registration symbol
     needs_drm_headers: bool = False
     in_ci: bool = False
 
@@ -69,53 +64,20 @@ class Variant:
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
-        Variant(
-            "host",
-            "APIR host backend + CPU backend",
-            _HOST,
-            _HOST_TARGETS,
-            _HOST_LIBS,
-            ("cmake", "ninja", "c++"),
-            "libggml-cpu.so",
-            KNOWN_REGS["cpu"],
-            in_ci=True,
-        ),
-        Variant(
-            "vulkan",
-            "APIR host backend + Vulkan backend",
-            {**_HOST, "GGML_VULKAN": "ON"},
-            (*_HOST_TARGETS, "ggml-vulkan"),
-            (*_HOST_LIBS, "libggml-vulkan.so"),
-            ("cmake", "ninja", "c++", "glslc"),
-            "libggml-vulkan.so",
-            KNOWN_REGS["vulkan"],
-        ),
-        Variant(
-            "cuda",
-            "APIR host backend + CUDA backend (FlashAttention on)",
-            {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON"},
-            (*_HOST_TARGETS, "ggml-cuda"),
-            (*_HOST_LIBS, "libggml-cuda.so"),
-            ("cmake", "ninja", "c++", "nvcc"),
-            "libggml-cuda.so",
-            KNOWN_REGS["cuda"],
-        ),
-        Variant(
-            "guest",
-            "guest ggml-virtgpu frontend + llama-bench",
-            {
-                **_COMMON,
-                "GGML_VIRTGPU": "ON",
-                "GGML_VULKAN": "OFF",
-                "LLAMA_BUILD_COMMON": "ON",
-                "LLAMA_BUILD_TOOLS": "ON",
-            },
-            ("ggml-virtgpu", "llama-bench"),
-            ("libggml-virtgpu.so", "llama-bench"),
-            ("cmake", "ninja", "c++", "pkg-config"),
-            needs_drm_headers=True,
-            in_ci=True,
-        ),
+        Variant("host", "APIR host backend + CPU backend", _HOST, _HOST_TARGETS, _HOST_LIBS,
+                ("cmake", "ninja", "c++"), "libggml-cpu.so", KNOWN_REGS["cpu"], in_ci=True),
+        Variant("vulkan", "APIR host backend + Vulkan backend", {**_HOST, "GGML_VULKAN": "ON"},
+                (*_HOST_TARGETS, "ggml-vulkan"), (*_HOST_LIBS, "libggml-vulkan.so"),
+                ("cmake", "ninja", "c++", "glslc"), "libggml-vulkan.so", KNOWN_REGS["vulkan"]),
+        Variant("cuda", "APIR host backend + CUDA backend (FlashAttention on)",
+                {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON"},
+                (*_HOST_TARGETS, "ggml-cuda"), (*_HOST_LIBS, "libggml-cuda.so"),
+                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
+        Variant("guest", "guest ggml-virtgpu frontend + llama-bench",
+                {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VULKAN": "OFF", "LLAMA_BUILD_COMMON": "ON",
+                 "LLAMA_BUILD_TOOLS": "ON"},
+                ("ggml-virtgpu", "llama-bench"), ("libggml-virtgpu.so", "llama-bench"),
+                ("cmake", "ninja", "c++", "pkg-config"), needs_drm_headers=True, in_ci=True),
     )
 }
 
@@ -145,9 +107,8 @@ class BuildPlan:
         return data
 
 
-def cache_key(
-    v: Variant, *, source_sha256: str, cuda_architectures: str | None = None, drm_headers_sha256: str | None = None
-) -> str:
+def cache_key(v: Variant, *, source_sha256: str, cuda_architectures: str | None = None,
+              drm_headers_sha256: str | None = None) -> str:
     """Key of a promoted build: everything that changes its bytes, hashed."""
     inputs = {
         "recipe": RECIPE_VERSION,
@@ -160,19 +121,9 @@ def cache_key(
     return f"{v.name}-{digest}"
 
 
-def plan(
-    v: Variant,
-    *,
-    source: Path,
-    build_dir: Path,
-    key: str,
-    offline_include: Path,
-    jobs: int = 2,
-    cuda_architectures: str | None = None,
-    drm_include_dir: Path | None = None,
-    cmake: str = "cmake",
-    ninja: str = "ninja",
-) -> BuildPlan:
+def plan(v: Variant, *, source: Path, build_dir: Path, key: str, offline_include: Path, jobs: int = 2,
+         cuda_architectures: str | None = None, drm_include_dir: Path | None = None,
+         cmake: str = "cmake", ninja: str = "ninja") -> BuildPlan:
     defines = dict(v.defines)
     defines["CMAKE_PROJECT_INCLUDE"] = str(offline_include)
     if "GGML_CUDA" in defines:
@@ -186,27 +137,9 @@ def plan(
         # virtgpu_drm.h sits at a path that <drm/virtgpu_drm.h> never matches.
         defines["CMAKE_C_FLAGS"] = f"-I{drm_include_dir}"
         defines["CMAKE_CXX_FLAGS"] = f"-I{drm_include_dir}"
-    configure = [
-        cmake,
-        "-S",
-        str(source),
-        "-B",
-        str(build_dir),
-        "-G",
-        "Ninja",
-        *(f"-D{k}={val}" for k, val in sorted(defines.items())),
-    ]
+    configure = [cmake, "-S", str(source), "-B", str(build_dir), "-G", "Ninja",
+                 *(f"-D{k}={val}" for k, val in sorted(defines.items()))]
     build = [ninja, "-C", str(build_dir), f"-j{jobs}", *v.targets]
-    return BuildPlan(
-        v.name,
-        key,
-        source,
-        build_dir,
-        configure,
-        build,
-        v.artifacts,
-        {
-            "cuda_architectures": cuda_architectures,
-            "drm_include_dir": str(drm_include_dir) if drm_include_dir else None,
-        },
-    )
+    return BuildPlan(v.name, key, source, build_dir, configure, build, v.artifacts,
+                     {"cuda_architectures": cuda_architectures,
+                      "drm_include_dir": str(drm_include_dir) if drm_include_dir else None})

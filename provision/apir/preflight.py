@@ -46,14 +46,8 @@ class ApirSettings:
     sources: dict[str, str]
 
     @classmethod
-    def resolve(
-        cls,
-        *,
-        backend: str | None = None,
-        ggml_library: str | None = None,
-        ggml_reg: str | None = None,
-        env: Mapping[str, str] | None = None,
-    ) -> ApirSettings:
+    def resolve(cls, *, backend: str | None = None, ggml_library: str | None = None, ggml_reg: str | None = None,
+                env: Mapping[str, str] | None = None) -> ApirSettings:
         env = os.environ if env is None else env
         sources: dict[str, str] = {}
 
@@ -67,12 +61,8 @@ class ApirSettings:
             sources[var] = "unset"
             return None
 
-        return cls(
-            pick(backend, "--backend", ENV_BACKEND),
-            pick(ggml_library, "--ggml-library", ENV_GGML_PATH),
-            pick(ggml_reg, "--reg", ENV_GGML_REG),
-            sources,
-        )
+        return cls(pick(backend, "--backend", ENV_BACKEND), pick(ggml_library, "--ggml-library", ENV_GGML_PATH),
+                   pick(ggml_reg, "--reg", ENV_GGML_REG), sources)
 
 
 def fix_for(result: ProbeResult, settings: ApirSettings) -> str:
@@ -80,44 +70,32 @@ def fix_for(result: ProbeResult, settings: ApirSettings) -> str:
     lib = f"{ENV_GGML_PATH} (config key {KEY_GGML_PATH})"
     reg = f"{ENV_GGML_REG} (config key {KEY_GGML_REG})"
     if result.stage in ("stat", "dlopen"):
-        return (
-            f"set {ENV_BACKEND} to the path of libggml-virtgpu-backend.so (a regular file); "
-            "build one with `provision ggml build --variant host`"
-        )
+        return (f"set {ENV_BACKEND} to the path of libggml-virtgpu-backend.so (a regular file); "
+                "build one with `provision ggml build --variant host`")
     if result.stage == "dlsym":
-        return (
-            f"{ENV_BACKEND} points at a library without apir_backend_initialize/apir_backend_dispatcher: "
-            "use libggml-virtgpu-backend.so from a GGML_VIRTGPU_BACKEND=ON/ONLY build"
-        )
+        return (f"{ENV_BACKEND} points at a library without apir_backend_initialize/apir_backend_dispatcher: "
+                "use libggml-virtgpu-backend.so from a GGML_VIRTGPU_BACKEND=ON/ONLY build")
     if result.stage in ("crash", "timeout"):
         return "the backend library crashed or hung while initializing; run with --json and read logs/stderr"
     name = result.code_name
     if name == "ENV_VAR_MISSING":
         return f"set {lib} to the ggml backend library to serve, e.g. libggml-cuda.so or libggml-vulkan.so"
     if name == "CANNOT_OPEN":
-        return (
-            f"{lib} = {settings.ggml_library!r} cannot be loaded: point it at an existing ggml backend library "
-            "(an absolute path, or a soname on the hypervisor's LD_LIBRARY_PATH)"
-        )
+        return (f"{lib} = {settings.ggml_library!r} cannot be loaded: point it at an existing ggml backend library "
+                "(an absolute path, or a soname on the hypervisor's LD_LIBRARY_PATH)")
     if name == "SYMBOL_MISSING":
         used = settings.ggml_reg or f"{DEFAULT_REG} (the default when unset)"
-        return (
-            f"set {reg} to the library's registration function (e.g. ggml_backend_cuda_reg, "
-            f"ggml_backend_vk_reg, ggml_backend_cpu_reg); {used} is not exported by {settings.ggml_library}; "
-            f"{DEFAULT_REG} exists only in GGML_BACKEND_DL builds"
-        )
+        return (f"set {reg} to the library's registration function (e.g. ggml_backend_cuda_reg, "
+                f"ggml_backend_vk_reg, ggml_backend_cpu_reg); {used} is not exported by {settings.ggml_library}; "
+                f"{DEFAULT_REG} exists only in GGML_BACKEND_DL builds")
     if name == "BACKEND_REG_FAILED":
         return f"{reg} = {settings.ggml_reg!r} returned no registry: use the backend's own *_reg function"
     if name == "NO_DEVICE":
-        return (
-            "the ggml backend sees no device: check the driver (nvidia-smi / vulkaninfo) and that "
-            "CUDA_VISIBLE_DEVICES / GGML_VK_VISIBLE_DEVICES in the hypervisor's environment are not empty"
-        )
+        return ("the ggml backend sees no device: check the driver (nvidia-smi / vulkaninfo) and that "
+                "CUDA_VISIBLE_DEVICES / GGML_VK_VISIBLE_DEVICES in the hypervisor's environment are not empty")
     if name == "ALREADY_INITED":
-        return (
-            "APIR was already initialized in this process (state is process-global): "
-            "restart the hypervisor; each VM needs its own render worker process"
-        )
+        return ("APIR was already initialized in this process (state is process-global): "
+                "restart the hypervisor; each VM needs its own render worker process")
     if name == "BACKEND_INIT_FAILED":
         return "the backend found a device but could not initialize it: read the ggml log lines above"
     if result.stage == "dispatch":
@@ -125,18 +103,11 @@ def fix_for(result: ProbeResult, settings: ApirSettings) -> str:
     return f"unexpected APIR result {result.code} ({name}); report it with --json output"
 
 
-def probe(
-    settings: ApirSettings, *, alloc_bytes: int = 0, env: Mapping[str, str] | None = None, timeout_s: float = 180.0
-) -> ProbeResult:
+def probe(settings: ApirSettings, *, alloc_bytes: int = 0, env: Mapping[str, str] | None = None,
+          timeout_s: float = 180.0) -> ProbeResult:
     """Probe the settings in a fresh subprocess; never raises for a failed probe."""
-    req = ProbeRequest(
-        backend=settings.backend or "",
-        ggml_library=settings.ggml_library,
-        ggml_reg=settings.ggml_reg,
-        alloc_bytes=alloc_bytes,
-        env=dict(env or {}),
-        timeout_s=timeout_s,
-    )
+    req = ProbeRequest(backend=settings.backend or "", ggml_library=settings.ggml_library,
+                       ggml_reg=settings.ggml_reg, alloc_bytes=alloc_bytes, env=dict(env or {}), timeout_s=timeout_s)
     if not settings.backend:
         return ProbeResult(asdict(req), "stat", False, loader_error=f"{ENV_BACKEND} is not set and no --backend given")
     return probe_adapter.probe(req)
@@ -149,9 +120,8 @@ def failure(result: ProbeResult, settings: ApirSettings) -> ApirCheckFailed | No
     return ApirCheckFailed(describe_failure(result), fix=fix_for(result, settings))
 
 
-def run_check(
-    settings: ApirSettings, *, alloc_bytes: int = 0, env: Mapping[str, str] | None = None, timeout_s: float = 180.0
-) -> ProbeResult:
+def run_check(settings: ApirSettings, *, alloc_bytes: int = 0, env: Mapping[str, str] | None = None,
+              timeout_s: float = 180.0) -> ProbeResult:
     """Probe the settings; raise ApirCheckFailed (E040) naming what to fix when they do not work."""
     result = probe(settings, alloc_bytes=alloc_bytes, env=env, timeout_s=timeout_s)
     error = failure(result, settings)
@@ -179,28 +149,17 @@ def apir_checks(settings: ApirSettings | None = None) -> list[Check]:
     settings = settings or ApirSettings.resolve()
     out: list[Check] = []
     if not settings.backend:
-        out.append(
-            Check(
-                "apir.backend",
-                "skip",
-                f"{ENV_BACKEND} is not set: the APIR route is not configured",
-                f"set {ENV_BACKEND}, {ENV_GGML_PATH} and {ENV_GGML_REG} to use the APIR route",
-            )
-        )
+        out.append(Check("apir.backend", "skip", f"{ENV_BACKEND} is not set: the APIR route is not configured",
+                         f"set {ENV_BACKEND}, {ENV_GGML_PATH} and {ENV_GGML_REG} to use the APIR route"))
     else:
         try:
             result = run_check(settings)
             dev = result.device or {}
-            out.append(
-                Check(
-                    "apir.backend",
-                    "ok",
-                    f"{settings.backend} + {settings.ggml_library} ({settings.ggml_reg}): "
-                    f"{dev.get('name')} / {dev.get('description')}, "
-                    f"{int(dev.get('memory_free', 0)) >> 20} MiB free of "
-                    f"{int(dev.get('memory_total', 0)) >> 20} MiB",
-                )
-            )
+            out.append(Check("apir.backend", "ok",
+                             f"{settings.backend} + {settings.ggml_library} ({settings.ggml_reg}): "
+                             f"{dev.get('name')} / {dev.get('description')}, "
+                             f"{int(dev.get('memory_free', 0)) >> 20} MiB free of "
+                             f"{int(dev.get('memory_total', 0)) >> 20} MiB"))
         except ApirCheckFailed as exc:
             out.append(Check("apir.backend", "fail", exc.message, exc.fix))
     out.append(protocol_check())
@@ -242,17 +201,9 @@ def protocol_check(guest: tuple[int, int] | None = None, host: tuple[int, int] |
     host = host or host_protocol()
     evidence = f"guest ggml-virtgpu APIR protocol {format_protocol(guest)}, host virglrenderer {format_protocol(host)}"
     if guest[0] != host[0]:
-        return Check(
-            "apir.protocol",
-            "fail",
-            evidence,
-            "rebuild the guest image and the host bundle from pins with the same APIR major version",
-        )
+        return Check("apir.protocol", "fail", evidence,
+                     "rebuild the guest image and the host bundle from pins with the same APIR major version")
     if guest[1] != host[1]:
-        return Check(
-            "apir.protocol",
-            "warn",
-            evidence + " (minor versions differ; the guest only warns)",
-            "pin llama.cpp and virglrenderer trees with the same APIR minor version when one exists",
-        )
+        return Check("apir.protocol", "warn", evidence + " (minor versions differ; the guest only warns)",
+                     "pin llama.cpp and virglrenderer trees with the same APIR minor version when one exists")
     return Check("apir.protocol", "ok", evidence)

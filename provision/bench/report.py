@@ -111,7 +111,8 @@ def check_gate(g: Gate) -> None:
         raise BenchGateFailed(
             f"pp on the guest GPU is {g.gpu_pp:.1f} t/s, only {g.factor:.2f}x the guest CPU's "
             f"{g.cpu_pp:.1f} t/s (need >= {g.required:g}x)",
-            fix="check that Vulkan0 is the Venus device (VK_DRIVER_FILES, GGML_VK_VISIBLE_DEVICES), not a CPU fallback",
+            fix="check that Vulkan0 is the Venus device (VK_DRIVER_FILES, GGML_VK_VISIBLE_DEVICES), "
+            "not a CPU fallback",
         )
 
 

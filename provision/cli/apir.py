@@ -31,9 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--backend", help=f"libggml-virtgpu-backend.so (default: ${ENV_BACKEND})")
     c.add_argument("--ggml-library", help=f"ggml backend library to serve (default: ${ENV_GGML_PATH})")
     c.add_argument("--reg", help=f"its registration symbol (default: ${ENV_GGML_REG})")
-    c.add_argument(
-        "--alloc-mib", type=int, default=0, help="also allocate, clear and free a buffer of this many MiB on the device"
-    )
+    c.add_argument("--alloc-mib", type=int, default=0,
+                   help="also allocate, clear and free a buffer of this many MiB on the device")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=run_check)
     v = actions.add_parser(
@@ -62,26 +61,16 @@ def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
     ]
     dev = result.device
     if dev:
-        rows += [
-            ("device", f"{dev['name']} ({dev['type']}, {dev['count']} device(s))"),
-            ("description", dev["description"]),
-            ("memory", f"{_mib(dev['memory_free'])} free of {_mib(dev['memory_total'])}"),
-            ("buffer type", f"{dev['buffer_type']} (alignment {dev['buffer_alignment']})"),
-        ]
+        rows += [("device", f"{dev['name']} ({dev['type']}, {dev['count']} device(s))"),
+                 ("description", dev["description"]),
+                 ("memory", f"{_mib(dev['memory_free'])} free of {_mib(dev['memory_total'])}"),
+                 ("buffer type", f"{dev['buffer_type']} (alignment {dev['buffer_alignment']})")]
     buf = result.buffer
     if buf:
-        rows += [
-            (
-                "buffer",
-                f"{_mib(buf['size'])}: alloc {buf.get('alloc_ms')} ms, clear {buf.get('clear_ms')} ms, "
-                f"free {buf.get('free_ms')} ms",
-            ),
-            (
-                "free memory",
-                f"before {_mib(buf.get('free_before'))}, after alloc "
-                f"{_mib(buf.get('free_after_alloc'))}, after free {_mib(buf.get('free_after_free'))}",
-            ),
-        ]
+        rows += [("buffer", f"{_mib(buf['size'])}: alloc {buf.get('alloc_ms')} ms, clear {buf.get('clear_ms')} ms, "
+                            f"free {buf.get('free_ms')} ms"),
+                 ("free memory", f"before {_mib(buf.get('free_before'))}, after alloc "
+                                 f"{_mib(buf.get('free_after_alloc'))}, after free {_mib(buf.get('free_after_free'))}")]
     rows += [(f"time {k}", f"{v} ms") for k, v in result.timings_ms.items()]
     rows.append(("probe wall time", f"{result.wall_ms:.0f} ms"))
     return rows
@@ -94,16 +83,8 @@ def run_check(args: argparse.Namespace) -> int:
     result = apir.probe(settings, alloc_bytes=args.alloc_mib << 20)
     error = apir.failure(result, settings)
     if args.json:
-        print(
-            dumps(
-                {
-                    "ok": error is None,
-                    "settings": settings.__dict__,
-                    "result": result.as_dict(),
-                    "error": error.as_dict() if error else None,
-                }
-            )
-        )
+        print(dumps({"ok": error is None, "settings": settings.__dict__, "result": result.as_dict(),
+                     "error": error.as_dict() if error else None}))
         if error:
             print(error.render(), file=sys.stderr)
             return error.exit_status
@@ -123,26 +104,11 @@ def run_protocol(args: argparse.Namespace) -> int:
     guest, host = apir.guest_protocol(), apir.host_protocol()
     check = apir.protocol_check(guest, host)
     if args.json:
-        print(
-            dumps(
-                {
-                    "guest": apir.format_protocol(guest),
-                    "host": apir.format_protocol(host),
-                    "label": {apir.LABEL_PROTOCOL: apir.format_protocol(guest)},
-                    "check": check.as_dict(),
-                }
-            )
-        )
+        print(dumps({"guest": apir.format_protocol(guest), "host": apir.format_protocol(host),
+                     "label": {apir.LABEL_PROTOCOL: apir.format_protocol(guest)}, "check": check.as_dict()}))
         return 0
-    print(
-        table(
-            ["FIELD", "VALUE"],
-            [
-                ("guest (llama.cpp pin)", apir.format_protocol(guest)),
-                ("host (virglrenderer-apir pin)", apir.format_protocol(host)),
-                ("image label", f"{apir.LABEL_PROTOCOL}={apir.format_protocol(guest)}"),
-                ("check", f"{check.status}: {check.evidence}"),
-            ],
-        )
-    )
+    print(table(["FIELD", "VALUE"], [("guest (llama.cpp pin)", apir.format_protocol(guest)),
+                                      ("host (virglrenderer-apir pin)", apir.format_protocol(host)),
+                                      ("image label", f"{apir.LABEL_PROTOCOL}={apir.format_protocol(guest)}"),
+                                      ("check", f"{check.status}: {check.evidence}")]))
     return 0

@@ -26,20 +26,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=example("provision ggml build --variant host -j 2"),
         formatter_class=EXAMPLE_FORMAT,
     )
-    b.add_argument(
-        "--variant",
-        choices=sorted(ggml_build.VARIANTS),
-        default="host",
-        help="host (backend + CPU), vulkan, cuda, or guest (frontend + llama-bench)",
-    )
+    b.add_argument("--variant", choices=sorted(ggml_build.VARIANTS), default="host",
+                   help="host (backend + CPU), vulkan, cuda, or guest (frontend + llama-bench)")
     b.add_argument("--jobs", "-j", type=int, default=2, help="parallel compile jobs (default 2)")
     b.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES for --variant cuda (e.g. 90)")
-    b.add_argument(
-        "--source",
-        type=Path,
-        default=None,
-        help="a copy of the pinned llama.cpp tree to build instead of the sdist's (offline machines)",
-    )
+    b.add_argument("--source", type=Path, default=None,
+                   help="a copy of the pinned llama.cpp tree to build instead of the sdist's (offline machines)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache has this build")
     b.add_argument("--dry-run", action="store_true", help="print the plan (commands, key) and build nothing")
     b.add_argument("--json", action="store_true", help="machine-readable output")
@@ -51,9 +43,8 @@ def run_build(args: argparse.Namespace) -> int:
 
     cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
     if args.dry_run:
-        plan, _ = builds.plan_for(
-            args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source, fetch=False
-        )
+        plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
+                                  fetch=False)
         if args.json:
             print(dumps(plan.as_dict()))
         else:
@@ -61,24 +52,15 @@ def run_build(args: argparse.Namespace) -> int:
             print(shlex.join(plan.configure))
             print(shlex.join(plan.build))
         return 0
-    built = builds.ensure(
-        args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source, force=args.force
-    )
+    built = builds.ensure(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
+                          force=args.force)
     if args.json:
-        print(
-            dumps(
-                {"variant": built.variant, "key": built.key, "bin_dir": str(built.bin_dir), "manifest": built.manifest}
-            )
-        )
+        print(dumps({"variant": built.variant, "key": built.key, "bin_dir": str(built.bin_dir),
+                     "manifest": built.manifest}))
         return 0
     m: dict[str, Any] = dict(built.manifest)
-    rows = [
-        ("variant", built.variant),
-        ("bin", built.bin_dir),
-        ("targets", " ".join(m["targets"])),
-        ("apir protocol", ".".join(str(x) for x in m["apir_protocol"])),
-        ("timings", m.get("timings")),
-        ("built", m.get("built_at")),
-    ]
+    rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(m["targets"])),
+            ("apir protocol", ".".join(str(x) for x in m["apir_protocol"])),
+            ("timings", m.get("timings")), ("built", m.get("built_at"))]
     print(table(["FIELD", "VALUE"], rows))
     return 0

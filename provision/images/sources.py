@@ -41,21 +41,8 @@ def pip_download_command(requirement: str, dest: Path, *, python: str | None = N
     """pip fetches the sdist only: no dependencies, no wheels. pip still prepares the sdist's
     metadata (scikit-build-core reads pyproject.toml; no compiler runs), which needs the build
     backend: with build isolation pip installs it in a throwaway environment."""
-    return [
-        python or sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--dest",
-        str(dest),
-        requirement,
-    ]
+    return [python or sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), requirement]
 
 
 def verify_file(path: Path, *, size: int, sha256: str, what: str, fix: str | None = None) -> None:
@@ -75,13 +62,8 @@ def sdist_path(pin_set: pins.Pins | None = None) -> Path:
     target = cache / str(pin["filename"])
     with FileLock(str(cache / f"{pin['filename']}.lock")):
         if target.exists():
-            verify_file(
-                target,
-                size=int(pin["size"]),
-                sha256=str(pin["sha256"]),
-                what=f"sources.{SDIST_PIN}",
-                fix=f"the cached copy is damaged: delete {target} and run again",
-            )
+            verify_file(target, size=int(pin["size"]), sha256=str(pin["sha256"]), what=f"sources.{SDIST_PIN}",
+                        fix=f"the cached copy is damaged: delete {target} and run again")
             return target
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
             requirement = f"{str(pin['pname']).replace('_', '-')}=={pin['version']}"
@@ -150,7 +132,7 @@ def _extract_subtree(archive: Path, prefix: str, dest: Path) -> None:
         for member in tar.getmembers():
             if not member.name.startswith(prefix):
                 continue
-            member.name = member.name[len(prefix) :]
+            member.name = member.name[len(prefix):]
             if member.name:
                 members.append(member)
         tar.extractall(dest, members=members, filter="data")

@@ -61,17 +61,11 @@ def fake_backend(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return lib
 
 
-def settings(
-    built: builds.Built,
-    *,
-    lib: str | Path | None = "cpu",
-    reg: str | None = "ggml_backend_cpu_reg",
-    backend: str | Path | None = None,
-) -> apir.ApirSettings:
+def settings(built: builds.Built, *, lib: str | Path | None = "cpu", reg: str | None = "ggml_backend_cpu_reg",
+             backend: str | Path | None = None) -> apir.ApirSettings:
     library = str(built.library("libggml-cpu.so")) if lib == "cpu" else (str(lib) if lib is not None else None)
-    return apir.ApirSettings.resolve(
-        backend=str(backend or built.library("libggml-virtgpu-backend.so")), ggml_library=library, ggml_reg=reg, env={}
-    )
+    return apir.ApirSettings.resolve(backend=str(backend or built.library("libggml-virtgpu-backend.so")),
+                                     ggml_library=library, ggml_reg=reg, env={})
 
 
 def expect_failure(s: apir.ApirSettings, code_name: str) -> tuple[adapter.ProbeResult, ApirCheckFailed]:
@@ -163,18 +157,16 @@ def test_registration_without_devices_is_no_device(host_build, fake_backend):
 
 
 def test_registration_returning_null_is_backend_reg_failed(host_build, fake_backend):
-    result, error = expect_failure(
-        settings(host_build, lib=fake_backend, reg="ggml_backend_broken_reg"), "BACKEND_REG_FAILED"
-    )
+    result, error = expect_failure(settings(host_build, lib=fake_backend, reg="ggml_backend_broken_reg"),
+                                   "BACKEND_REG_FAILED")
     assert result.code == 6 + 6
     assert "ggml_backend_broken_reg" in (error.fix or "")
 
 
 def test_second_initialize_in_one_process_is_already_inited(host_build):
     s = settings(host_build)
-    result = adapter.probe(
-        adapter.ProbeRequest(backend=s.backend or "", ggml_library=s.ggml_library, ggml_reg=s.ggml_reg, init_twice=True)
-    )
+    result = adapter.probe(adapter.ProbeRequest(backend=s.backend or "", ggml_library=s.ggml_library,
+                                                ggml_reg=s.ggml_reg, init_twice=True))
     assert result.first_code == 6
     assert result.code == 6 + 7 and result.code_name == "ALREADY_INITED"
     assert any("already initialized" in line for line in result.logs)
@@ -216,12 +208,8 @@ def test_host_build_is_relocatable_and_never_declares_the_venus_download(host_bu
     assert "gitlab" not in ninja and "venus_hw_header-download" not in ninja
     moved = tmp_path / "bin"
     shutil.copytree(host_build.bin_dir, moved, symlinks=True)
-    s = apir.ApirSettings.resolve(
-        backend=str(moved / "libggml-virtgpu-backend.so"),
-        ggml_library=str(moved / "libggml-cpu.so"),
-        ggml_reg="ggml_backend_cpu_reg",
-        env={},
-    )
+    s = apir.ApirSettings.resolve(backend=str(moved / "libggml-virtgpu-backend.so"),
+                                  ggml_library=str(moved / "libggml-cpu.so"), ggml_reg="ggml_backend_cpu_reg", env={})
     result = apir.run_check(s)
     assert all(str(moved) in p for p in result.ggml_libs_mapped), result.ggml_libs_mapped
     assert host_build.manifest["targets"] == list(ggml_build.VARIANTS["host"].targets)

@@ -16,26 +16,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_apir_gpu_check_script_reports_device_buffer_and_dispatch_timings_on_cpu(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "checks" / "apir-gpu"),
-            "--cpu",
-            "--out",
-            str(tmp_path),
-            "--repeat",
-            "20",
-            "--alloc-mib",
-            "8",
-            "--bench-alloc-mib",
-            "1",
-            "--jobs",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    proc = subprocess.run([sys.executable, str(REPO / "checks" / "apir-gpu"), "--cpu", "--out", str(tmp_path),
+                           "--repeat", "20", "--alloc-mib", "8", "--bench-alloc-mib", "1", "--jobs", "2"],
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "report.json").read_text())
     assert "error" not in report

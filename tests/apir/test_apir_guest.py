@@ -31,8 +31,7 @@ def test_guest_llama_bench_lists_devices_and_reports_no_virtgpu(guest_build):
 
 
 def test_guest_binary_links_the_virtgpu_frontend_and_libdrm(guest_build):
-    ldd = subprocess.run(
-        ["ldd", str(guest_build.library("libggml-virtgpu.so"))], capture_output=True, text=True, check=True
-    ).stdout
+    ldd = subprocess.run(["ldd", str(guest_build.library("libggml-virtgpu.so"))], capture_output=True, text=True,
+                         check=True).stdout
     assert "libdrm.so" in ldd and "not found" not in ldd
     assert guest_build.manifest["apir_protocol"] == [0, 2]

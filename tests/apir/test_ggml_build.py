@@ -18,9 +18,8 @@ from provision.images import sources
 
 def _plan(name: str, **kw: object) -> ggml_build.BuildPlan:
     v = ggml_build.variant(name)
-    return ggml_build.plan(
-        v, source=Path("/src"), build_dir=Path("/b"), key="k", offline_include=builds.OFFLINE_INCLUDE, **kw
-    )  # type: ignore[arg-type]
+    return ggml_build.plan(v, source=Path("/src"), build_dir=Path("/b"), key="k",
+                           offline_include=builds.OFFLINE_INCLUDE, **kw)  # type: ignore[arg-type]
 
 
 def test_every_variant_builds_named_targets_with_the_offline_include():
@@ -31,7 +30,7 @@ def test_every_variant_builds_named_targets_with_the_offline_include():
         if name == "guest":
             extra["drm_include_dir"] = Path("/kdrm")
         plan = _plan(name, **extra)
-        assert plan.build[-len(ggml_build.VARIANTS[name].targets) :] == list(ggml_build.VARIANTS[name].targets)
+        assert plan.build[-len(ggml_build.VARIANTS[name].targets):] == list(ggml_build.VARIANTS[name].targets)
         assert "all" not in plan.build
         assert f"-DCMAKE_PROJECT_INCLUDE={builds.OFFLINE_INCLUDE}" in plan.configure
         assert "-DGGML_NATIVE=OFF" in plan.configure
@@ -142,10 +141,8 @@ def test_ggml_build_command_reuses_the_cached_host_build(capsys):
     out = json.loads(capsys.readouterr().out)
     bin_dir = Path(out["bin_dir"])
     assert (bin_dir / "libggml-virtgpu-backend.so").exists() and (bin_dir / "libggml-cpu.so").exists()
-    assert out["manifest"]["apir_protocol"] == [0, 2] and out["manifest"]["targets"] == [
-        "ggml-virtgpu-backend",
-        "ggml-cpu",
-    ]
+    assert out["manifest"]["apir_protocol"] == [0, 2] and out["manifest"]["targets"] == ["ggml-virtgpu-backend",
+                                                                                         "ggml-cpu"]
     assert not list(bin_dir.parent.parent.glob(f".{out['key']}-*")), "a staging directory was left behind"
 
 
@@ -158,13 +155,8 @@ def test_a_failing_configure_is_e043_naming_the_step_and_the_log(tmp_path):
     (src / "CMakeLists.txt").write_text(
         'cmake_minimum_required(VERSION 3.19)\nproject(x NONE)\nmessage(FATAL_ERROR "boom")\n'
     )
-    plan = ggml_build.plan(
-        ggml_build.variant("host"),
-        source=src,
-        build_dir=tmp_path / "b",
-        key="k",
-        offline_include=builds.OFFLINE_INCLUDE,
-    )
+    plan = ggml_build.plan(ggml_build.variant("host"), source=src, build_dir=tmp_path / "b", key="k",
+                           offline_include=builds.OFFLINE_INCLUDE)
     lines: list[str] = []
     with pytest.raises(BuildFailed) as exc:
         cmake.run(plan, log=tmp_path / "build.log", progress=lines.append)
@@ -193,9 +185,8 @@ def test_damaged_cached_sdist_fix_says_which_file_to_delete(tmp_path, monkeypatc
 
 
 def _configure(src: Path, build: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        ["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *extra], capture_output=True, text=True
-    )
+    return subprocess.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", *extra],
+                          capture_output=True, text=True)
 
 
 def test_offline_include_builds_a_local_external_project_as_declared(tmp_path):

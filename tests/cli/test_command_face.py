@@ -76,6 +76,7 @@ def test_help_imports_no_domain_package() -> None:
         "print(' '.join(sorted(sys.modules)))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    heavy = ("jinja2", "yaml", "plumbum", "provision.models", "provision.images", "provision.hosts", "provision.doctor")
+    heavy = ("jinja2", "yaml", "plumbum", "provision.models", "provision.images", "provision.hosts",
+             "provision.doctor")
     assert [m for m in loaded if m.startswith(heavy)] == []
     assert "provision.cli.model" in loaded  # the probe saw the command modules being loaded

@@ -50,6 +50,7 @@ def test_unknown_stack_lists_the_known_ones(capsys):
         assert name in err
 
 
+
 def test_malformed_yaml_names_file_and_line(tmp_path, capsys):
     path = tmp_path / "stacks.yaml"
     path.write_text("stacks:\n  llama: [unclosed\n")

@@ -1,3 +1,4 @@
+
 import pytest
 
 from provision.core import errors, pins
@@ -19,6 +20,7 @@ def test_pins_file_loads_and_names_the_llama_cpp_source_once():
     sdist = p.source("llama-cpp-python-sdist")
     assert llama["rev"] == sdist["vendored_rev"]
     assert sdist["sha256"] == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+
 
 
 def test_bad_hash_is_rejected_naming_file_key_and_value(tmp_path):

@@ -137,6 +137,7 @@ def test_labels_carry_the_pins():
             assert f"{pkg}={version}" in rendered("llama-linux").containerfile
 
 
+
 def test_shell_metacharacters_from_pins_never_reach_a_template(tmp_path):
     bad = pins_with(tmp_path, lambda d: d["fedora"].__setitem__("mesa_vulkan_drivers", "mesa;curl x|sh"))
     with pytest.raises(errors.InvalidValue) as exc:

@@ -39,30 +39,20 @@ def cpu_flags(cpuinfo: str) -> set[str]:
 def decide(kvm_exists: bool, kvm_usable: bool, cpuinfo: str, pvm_module: bool = False, dmesg: str = "") -> Decision:
     flags = cpu_flags(cpuinfo)
     if not kvm_exists:
-        return Decision(
-            "tcg",
-            "warn",
-            "no /dev/kvm: guests run under TCG (slow, but Venus works)",
-            "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed",
-        )
+        return Decision("tcg", "warn", "no /dev/kvm: guests run under TCG (slow, but Venus works)",
+                        "enable KVM (BIOS virtualization, kvm_intel/kvm_amd) for speed")
     hw = "vmx" if "vmx" in flags else "svm" if "svm" in flags else None
     if hw and kvm_usable:
         return Decision("kvm", "ok", f"/dev/kvm with {hw}: KVM")
     if hw:
-        return Decision(
-            "tcg",
-            "warn",
-            f"/dev/kvm with {hw}, but this user cannot open it: guests run under TCG",
-            "add the user to the kvm group, or run as root",
-        )
+        return Decision("tcg", "warn", f"/dev/kvm with {hw}, but this user cannot open it: guests run under TCG",
+                        "add the user to the kvm group, or run as root")
     if pvm_module or "kvm-pvm" in dmesg:
         why = "/sys/module/kvm_pvm" if pvm_module else "dmesg kvm-pvm"
-        return Decision(
-            "tcg",
-            "warn",
-            f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, so guests run under TCG",
-            "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm",
-        )
+        return Decision("tcg", "warn",
+                        f"/dev/kvm is PVM ({why}, no vmx/svm): it only runs CONFIG_PVM_GUEST kernels, "
+                        "so guests run under TCG",
+                        "nothing to do: provision uses -accel tcg here; real KVM needs a host with vmx/svm")
     return Decision("tcg", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG")
 
 

@@ -185,6 +185,7 @@ def test_bench_parsing_sections_and_gate(tmp_path: Path) -> None:
     assert png is not None and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+
 def test_gpu_on_a_stack_without_gpu_is_e007_before_any_vm(tmp_path: Path) -> None:
     proc = run_provision("run", "cpu", "--gpu", "--", "true", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 17, proc.stderr
