@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,13 +49,20 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
-def start(chroot: Chroot | None, log: Path, timeout_s: float = 20.0, run_dir: Path | None = None) -> Xvfb:
-    """Start Xvfb (in ``chroot`` when given, recorded in ``run_dir``, default the log's directory)
-    and return once it accepts clients."""
+def start(
+    chroot: Chroot | None,
+    log: Path,
+    timeout_s: float = 20.0,
+    run_dir: Path | None = None,
+    *,
+    wrap: Callable[[list[str]], list[str]] | None = None,
+) -> Xvfb:
+    """Start Xvfb (in ``chroot`` when given, else as ``wrap`` runs it; recorded in ``run_dir``,
+    default the log's directory) and return once it accepts clients."""
     run_dir = run_dir or log.parent
     read_fd, write_fd = os.pipe()
     program = ["Xvfb", "-displayfd", str(write_fd), "-screen", "0", "1024x768x24", "-nolisten", "tcp", "-noreset"]
-    argv = chroot.argv(program) if chroot else program
+    argv = chroot.argv(program) if chroot else (wrap(program) if wrap else program)
     with log.open("wb") as out:
         proc = procs.spawn(
             argv,

@@ -20,7 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "host-tools",
         help=COMMANDS["host-tools"],
-        epilog=example("sudo provision host-tools", "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer"),
+        epilog=example(
+            "sudo provision host-tools",
+            "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer",
+            "sudo provision host-tools --bundle krun-host-tools.tar.zst",
+            "provision host-tools --from krun-host-tools.tar.zst",
+        ),
         formatter_class=EXAMPLE_FORMAT,
     )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
@@ -36,6 +41,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=Path,
         help="with --apir: a local clone or mirror of the pinned APIR virglrenderer tree (checked against the pin)",
     )
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="OUT.tar.zst",
+        help="pack the tools (with their libraries, loader and libc) and a guest disk for a host without sid",
+    )
+    p.add_argument("--stack", default="llama-linux", help="with --bundle: the stack whose guest disk goes in")
+    p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")
+    p.add_argument("--from", dest="from_", type=Path, metavar="OUT.tar.zst", help="install a bundle made by --bundle")
+    p.add_argument("--to", type=Path, metavar="DIR", help="with --from: install there instead of the cache")
     p.set_defaults(func=run)
 
 
@@ -47,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
     if args.virgl_src is not None and not args.apir:
         raise InvalidValue("--virgl-src is only used with --apir", fix="add --apir, or drop --virgl-src")
     values.existing_dir(args.virgl_src, "--virgl-src")
+    if args.bundle is not None or args.from_ is not None:
+        return _bundle(args)
     if not args.check:
         if args.apir:
             apir_host.make(args.virgl_src)  # makes the base chroot first when needed
@@ -62,4 +79,49 @@ def run(args: argparse.Namespace) -> int:
         print(
             table(["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks])
         )
+    return 1 if failed(checks) else 0
+
+
+def _bundle(args: argparse.Namespace) -> int:
+    from provision.core import catalog
+    from provision.hosts.linux import bundle, bundle_archive, disks
+    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.backend import image_for
+
+    if args.bundle is not None and args.from_ is not None:
+        raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
+    if args.from_ is not None:
+        dest = bundle_archive.install(args.from_, args.to)
+        tools = host_tools.HostTools(dest, "bundle", bundle=True)
+        checks = host_tools.checks(tools)
+        payload: dict[str, object] = {"installed": str(dest), "checks": [c.as_dict() for c in checks]}
+    else:
+        if args.to is not None:
+            raise InvalidValue("--to is only used with --from")
+        if args.apir:
+            raise InvalidValue("--bundle with --apir is not supported yet", fix="make the bundle without --apir")
+        chroot = host_tools.make()
+        guest = None
+        if not args.no_guest:
+            stack = catalog.load().get(args.stack)
+            ref, image_id = image_for(stack)
+            disk = disks.root_disk(ref, image_id)
+            guest = bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk)
+        manifest = bundle.make(chroot.root, args.bundle, guest)
+        checks = []
+        payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
+    if args.json:
+        print(dumps(payload))
+    else:
+        for k, v in payload.items():
+            if k != "checks":
+                print(f"{k}: {v}")
+        if checks:
+            print(
+                table(
+                    ["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks]
+                )
+            )
+    from provision.core.diagnostics import failed
+
     return 1 if failed(checks) else 0

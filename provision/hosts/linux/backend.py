@@ -31,7 +31,7 @@ from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import companions, logs, slots, watchdog
+from provision.hosts.linux import bundle, companions, logs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
@@ -126,7 +126,7 @@ class LinuxBackend:
         tools = host_tools.require(gpu=gpu)
         if stack.route == "apir" and gpu:
             self._use_apir(tools)
-        root = self.root_disk(stack)
+        root = bundle.root_disk_for(tools, stack) or self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
         model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
         run_dir = _new_run_dir()
@@ -206,10 +206,10 @@ class LinuxBackend:
         started = time.monotonic()
         try:
             if display == "sdl":
-                x = xvfb.start(chroot, run_dir / "xvfb.log")
+                x = xvfb.start(chroot, run_dir / "xvfb.log", wrap=tools.wrap)
                 env["DISPLAY"] = x.display
                 env["SDL_VIDEODRIVER"] = "x11"
-            full = chroot.argv(argv, env) if chroot else argv
+            full = chroot.argv(argv, env) if chroot else tools.wrap(argv)
             with (run_dir / "qemu.log").open("wb") as qlog:
                 proc = procs.spawn(
                     full,

@@ -9,7 +9,10 @@ chroot lives in the cache under a key of suite + package list + versions, is bui
 Where the tools come from, first match wins:
 1. ``PROVISION_HOST_TOOLS`` (a chroot path, or ``/`` for the host's own programs);
 2. the cached chroot for the current pins;
-3. the host itself, if its QEMU has what the route needs.
+3. a bundle installed by ``provision host-tools --from`` (bundle.py: programs with their own
+   loader and libc, run in place rather than in a chroot);
+4. the host itself, if its QEMU has what the route needs.
+``PROVISION_HOST_TOOLS`` may also name a directory a bundle was installed into.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
 from provision.core.paths import cache_dir
+from provision.hosts.linux import bundle_archive as bundle_mod
 
 ENV_VAR = "PROVISION_HOST_TOOLS"
 READY_STAMP = ".provision-host-tools.json"
@@ -43,14 +47,15 @@ QEMU = "usr/bin/qemu-system-x86_64"
 
 @dataclass(frozen=True)
 class HostTools:
-    """Where the tools are: ``root`` is ``/`` for the host's own, else a chroot."""
+    """Where the tools are: ``root`` is ``/`` for the host's own, else a chroot or an installed bundle."""
 
     root: Path
-    source: str  # "env", "cache" or "host"
+    source: str  # "env", "cache", "bundle" or "host"
+    bundle: bool = False  # programs under root start through their own wrappers, no chroot
 
     @property
     def is_chroot(self) -> bool:
-        return self.root.resolve() != Path("/")
+        return not self.bundle and self.root.resolve() != Path("/")
 
     def chroot(self) -> Chroot:
         return Chroot(self.root)
@@ -60,10 +65,12 @@ class HostTools:
 
     def wrap(self, argv: list[str]) -> list[str]:
         """``argv`` as it runs against these tools (through chroot when they live in one)."""
+        if self.bundle and "/" not in argv[0]:
+            return [str(self.root / "usr/bin" / argv[0]), *argv[1:]]
         return self.chroot().argv(argv) if self.is_chroot else argv
 
     def as_dict(self) -> dict[str, object]:
-        return {"root": str(self.root), "source": self.source, "chroot": self.is_chroot}
+        return {"root": str(self.root), "source": self.source, "chroot": self.is_chroot, "bundle": self.bundle}
 
 
 def package_spec(pins: pins_mod.Pins | None = None) -> dict[str, str]:
@@ -91,10 +98,13 @@ def locate(pins: pins_mod.Pins | None = None) -> HostTools | None:
     """The tools provision will use, or None when there are none at all."""
     env = os.environ.get(ENV_VAR)
     if env:
-        return HostTools(Path(env), "env")
+        return HostTools(Path(env), "env", bundle=bundle_mod.is_bundle(Path(env)))
     root = cached_root(pins)
     if (root / READY_STAMP).is_file():
         return HostTools(root, "cache")
+    installed = bundle_mod.default_install_dir()
+    if bundle_mod.is_bundle(installed):
+        return HostTools(installed, "bundle", bundle=True)
     if shutil.which("qemu-system-x86_64"):
         return HostTools(Path("/"), "host")
     return None
@@ -128,6 +138,8 @@ def _files_check(tools: HostTools) -> list[Check]:
 
 
 def _fix(tools: HostTools | None) -> str:
+    if tools is not None and tools.bundle:
+        return "install the bundle again: `provision host-tools --from OUT.tar.zst`"
     if tools is not None and tools.source == "env":
         return f"point {ENV_VAR} at a chroot made by `provision host-tools`, or unset it"
     return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Xvfb)"

@@ -1,0 +1,314 @@
+"""A relocatable host-tools bundle: the Linux route on a host with neither Debian sid nor a network.
+
+`provision host-tools --bundle OUT.tar.zst` copies out of the sid chroot what the route
+loads (QEMU and the modules it loads, virglrenderer's render server, Xvfb + xkbcomp, the
+GL/Vulkan loaders, Mesa's software drivers, firmware, and a guest disk) with their
+shared-library closure, the loader and libc included: the chroot's glibc is newer than
+most hosts', so every program starts through the carried ``ld-linux-x86-64.so.2
+--library-path`` from a small wrapper script at the path the chroot had it. GPU drivers
+(NVIDIA's Vulkan ICD and GLX/EGL vendor libraries) stay the host's: the carried loaders
+find them through the host's own manifests and ``ld.so.cache``.
+
+`provision host-tools --from OUT.tar.zst` installs it (bundle_archive.py); `tools.locate()`
+then finds it as one more kind of HostTools.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from provision.core import pins as pins_mod
+from provision.core.catalog import Stack
+from provision.core.errors import HostToolsMissing
+from provision.hosts.linux import elf
+from provision.hosts.linux.bundle_archive import FORMAT, MANIFEST, hashes, pack
+from provision.hosts.linux.disks import RootDisk
+from provision.hosts.linux.tools import HostTools
+from provision.images import build as images
+
+LIB = "usr/lib/x86_64-linux-gnu"
+LOADER = "ld-linux-x86-64.so.2"
+REAL = "usr/lib/krun-gpu/bin"  # the programs themselves; their old paths hold wrappers
+# Xvfb runs "<XkbBinDirectory>/xkbcomp" through /bin/sh, with a directory compiled in
+# ("/usr/bin") that no flag changes; the bundle's copy is patched to a relative one and
+# its wrapper starts Xvfb in the bundle root, where that directory holds xkbcomp's wrapper.
+XKB_BIN_FROM, XKB_BIN_TO = b"/usr/bin\0", b"xkb-bin\0"
+# As root Xvfb has xkbcomp write its output to /var/lib/xkb/, absent on most hosts.
+XKM_DIR_FROM, XKM_DIR_TO = b"/var/lib/xkb/\0", b"/tmp/\0"
+
+# Programs: chroot path -> what the wrapper adds (environment lines, extra arguments, cd).
+PROGRAMS = {
+    "usr/bin/qemu-system-x86_64": "qemu",
+    "usr/libexec/virgl_render_server": "render-server",
+    "usr/bin/Xvfb": "xvfb",
+    "usr/bin/xkbcomp": "xkbcomp",
+}
+# Loaded with dlopen, so no DT_NEEDED names them (measured from /proc/PID/maps of a GPU run
+# in the chroot: QEMU's SDL GL display, virglrenderer through libepoxy, Venus through the
+# Vulkan loader, Xvfb's GLX). Globs relative to the chroot root.
+DLOPENED = (
+    f"{LIB}/qemu/hw-display-virtio-gpu.so",
+    f"{LIB}/qemu/hw-display-virtio-gpu-gl.so",
+    f"{LIB}/qemu/hw-display-virtio-gpu-pci.so",
+    f"{LIB}/qemu/hw-display-virtio-gpu-pci-gl.so",
+    f"{LIB}/qemu/ui-opengl.so",
+    f"{LIB}/qemu/ui-sdl.so",
+    f"{LIB}/qemu/ui-egl-headless.so",
+    f"{LIB}/libvirglrenderer.so.1",
+    f"{LIB}/libvulkan.so.1",
+    f"{LIB}/libGL.so.1",
+    f"{LIB}/libGLX.so.0",
+    f"{LIB}/libEGL.so.1",
+    f"{LIB}/libGLdispatch.so.0",
+    f"{LIB}/libOpenGL.so.0",
+    f"{LIB}/libGLX_mesa.so.0",
+    f"{LIB}/libEGL_mesa.so.0",
+    f"{LIB}/dri/swrast_dri.so",
+    f"{LIB}/libvulkan_lvp.so",
+    f"{LIB}/libX*.so.[0-9]",
+    f"{LIB}/libxkbcommon.so.0",
+    f"{LIB}/libSDL3.so.0",
+)
+# Firmware a q35 guest booted with -kernel loads (SeaBIOS, its option ROMs, the NIC ROM
+# of a forwarded port), not the 12 MB of every machine type.
+FIRMWARE = ("bios-256k.bin", "kvmvapic.bin", "linuxboot_dma.bin", "efi-virtio.rom")
+# Debian's QEMU looks in both; the bundle's wrapper gives QEMU one directory (-L).
+FIRMWARE_DIRS = ("usr/share/qemu", "usr/share/seabios")
+DATA_TREES = ("usr/share/X11/xkb",)
+VULKAN_ICDS = {"lvp_icd.json": "libvulkan_lvp.so"}
+EGL_VENDORS = {"50_mesa.json": "libEGL_mesa.so.0"}
+GUEST_DIR = "guest"
+
+
+@dataclass(frozen=True)
+class Guest:
+    """A stack's VM disk as the bundle carries it (made by disks.root_disk for the pinned image)."""
+
+    stack: str
+    image: str
+    image_id: str
+    kernel: Path
+    initrd: Path
+    disk: Path
+
+
+def _resolve(root: Path, rel: str) -> Path | None:
+    """``rel`` inside the tree at ``root``, symlinks followed without leaving it."""
+    parts = PurePosixPath(rel.lstrip("/"))
+    for _ in range(40):
+        p = root / parts
+        if p.is_symlink():
+            target = os.readlink(p)
+            parts = PurePosixPath(target.lstrip("/")) if target.startswith("/") else parts.parent / target
+            parts = PurePosixPath(os.path.normpath(parts))
+            continue
+        return p if p.exists() else None
+    return None
+
+
+def _find_library(root: Path, name: str, origin: PurePosixPath, runpath: Iterable[str]) -> Path | None:
+    dirs = [r.replace("$ORIGIN", str(origin)).replace("${ORIGIN}", str(origin)) for r in runpath]
+    dirs += [f"/{LIB}", "/usr/lib", "/lib/x86_64-linux-gnu"]
+    for d in dirs:
+        found = _resolve(root, f"{d.rstrip('/')}/{name}")
+        if found is not None:
+            return found
+    return None
+
+
+def closure(root: Path, starts: Iterable[str]) -> dict[str, Path]:
+    """Every shared library the ELF files ``starts`` (chroot paths) need: soname -> file."""
+    libs: dict[str, Path] = {}
+    todo = [(PurePosixPath("/" + s.lstrip("/")), _resolve(root, s)) for s in starts]
+    missing: list[str] = []
+    while todo:
+        where, path = todo.pop()
+        if path is None or not elf.is_elf(path):
+            continue
+        dyn = elf.read(path)
+        for name in dyn.needed:
+            if name in libs:
+                continue
+            found = _find_library(root, name, where.parent, dyn.runpath)
+            if found is None:
+                missing.append(f"{name} (needed by {where})")
+                continue
+            libs[name] = found
+            todo.append((PurePosixPath("/") / found.relative_to(root), found))
+    if missing:
+        raise HostToolsMissing(
+            f"libraries missing in the host-tools chroot {root}: {', '.join(sorted(missing))}",
+            fix="rebuild the chroot: `provision host-tools --force`",
+        )
+    return libs
+
+
+def wrapper(real: str, kind: str, depth: int) -> str:
+    """The script at a program's old path: the bundled loader, libraries and settings."""
+    up = "/".join([".."] * depth)
+    lines = [
+        "#!/bin/sh",
+        "# Written by `provision host-tools --bundle`: start the bundled program with the bundled loader and libc.",
+        # ${0%/*}, not dirname: the wrapper needs no program from the host but sh.
+        f'here=$(cd -P "${{0%/*}}/{up}" && pwd)',
+        f'lib="$here/{LIB}"',
+        # Our libraries after the caller's (the APIR route puts its own virglrenderer first);
+        # --library-path replaces LD_LIBRARY_PATH, which the host's own programs then never see with our libc.
+        'libs="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$lib"',
+        'export LIBGL_DRIVERS_PATH="$lib/dri"',
+        'export __EGL_VENDOR_LIBRARY_DIRS="$here/usr/share/glvnd/egl_vendor.d:/etc/glvnd/egl_vendor.d:'
+        '/usr/share/glvnd/egl_vendor.d"',
+        'export VK_ADD_DRIVER_FILES="$here/usr/share/vulkan/icd.d${VK_ADD_DRIVER_FILES:+:$VK_ADD_DRIVER_FILES}"',
+    ]
+    args = '"$@"'
+    if kind == "qemu":
+        lines += [
+            'export QEMU_MODULE_DIR="$lib/qemu"',
+            'export RENDER_SERVER_EXEC_PATH="${RENDER_SERVER_EXEC_PATH:-$here/usr/libexec/virgl_render_server}"',
+        ]
+        args = '-L "$here/usr/share/qemu" "$@"'
+    elif kind == "xvfb":
+        lines.append('cd "$here"')
+        args = '"$@" -xkbdir "$here/usr/share/X11/xkb"'
+    lines.append(f'exec "$lib/{LOADER}" --library-path "$libs" --argv0 "$0" "$here/{real}" {args}')
+    return "\n".join(lines) + "\n"
+
+
+def _patch_once(data: bytes, old: bytes, new: bytes, what: str) -> bytes:
+    if len(new) > len(old) or data.count(old) != 1:
+        raise HostToolsMissing(
+            f"cannot relocate Xvfb's {what}: {old!r} occurs {data.count(old)} times (expected once)",
+            fix="the pinned xvfb changed; update provision/hosts/linux/bundle.py (XKB_BIN_FROM/XKM_DIR_FROM)",
+        )
+    return data.replace(old, new.ljust(len(old), b"\0"))
+
+
+def icd_manifest(library: str, depth: int) -> str:
+    """A Vulkan ICD manifest naming its library relative to itself (the loader allows that)."""
+    rel = "/".join([".."] * depth) + f"/{LIB}/{library}"
+    return json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": rel, "api_version": "1.4.0"}})
+
+
+def stage(root: Path, out: Path, guest: Guest | None, log: Callable[[str], None]) -> dict[str, object]:
+    """Lay the bundle out in ``out`` from the chroot at ``root``; returns the manifest (written too)."""
+    starts = list(PROGRAMS)
+    for pattern in DLOPENED:
+        starts += [str(p.relative_to(root)) for p in sorted(root.glob(pattern))]
+    libs = closure(root, starts)
+    lib_dir = out / LIB
+    lib_dir.mkdir(parents=True)
+    loader = _resolve(root, f"{LIB}/{LOADER}")
+    if loader is None:
+        raise HostToolsMissing(f"no {LOADER} in {root}", fix="rebuild the chroot: `provision host-tools --force`")
+    shutil.copyfile(loader, lib_dir / LOADER)
+    (lib_dir / LOADER).chmod(0o755)
+    for name, path in sorted(libs.items()):
+        shutil.copyfile(path, lib_dir / name)
+    for rel in starts:
+        if rel in PROGRAMS:
+            continue
+        src = _resolve(root, rel)
+        dest = out / rel
+        if src is not None and not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest)
+    for rel, kind in PROGRAMS.items():
+        src = _resolve(root, rel)
+        if src is None:
+            raise HostToolsMissing(f"{rel} is missing in {root}", fix="rebuild the chroot: `provision host-tools`")
+        real = f"{REAL}/{PurePosixPath(rel).name}"
+        data = src.read_bytes()
+        if kind == "xvfb":
+            data = _patch_once(data, XKB_BIN_FROM, XKB_BIN_TO, "xkbcomp directory")
+            data = _patch_once(data, XKM_DIR_FROM, XKM_DIR_TO, "keymap output directory")
+        (out / real).parent.mkdir(parents=True, exist_ok=True)
+        (out / real).write_bytes(data)
+        script_at = XKB_BIN_TO.rstrip(b"\0").decode() + "/xkbcomp" if kind == "xkbcomp" else rel
+        _write_script(out / script_at, wrapper(real, kind, len(PurePosixPath(script_at).parts) - 1))
+    (out / "usr/share/qemu").mkdir(parents=True)
+    for name in FIRMWARE:
+        found = [p for p in (_resolve(root, f"{d}/{name}") for d in FIRMWARE_DIRS) if p is not None]
+        if not found:
+            raise HostToolsMissing(f"QEMU firmware {name} is missing in {root}", fix="rebuild the chroot")
+        shutil.copyfile(found[0], out / "usr/share/qemu" / name)
+    for tree in DATA_TREES:
+        src = _resolve(root, tree)
+        if src is not None:
+            shutil.copytree(src, out / tree, symlinks=False)
+    icd_dir = out / "usr/share/vulkan/icd.d"
+    icd_dir.mkdir(parents=True)
+    for json_name, library in VULKAN_ICDS.items():
+        if (lib_dir / library).exists():
+            (icd_dir / json_name).write_text(icd_manifest(library, 4))
+    egl_dir = out / "usr/share/glvnd/egl_vendor.d"
+    egl_dir.mkdir(parents=True)
+    for json_name, library in EGL_VENDORS.items():
+        if (lib_dir / library).exists():
+            (egl_dir / json_name).write_text(
+                json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library}})
+            )
+    guest_meta: dict[str, str] = {}
+    if guest:
+        (out / GUEST_DIR).mkdir()
+        for role, path in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk", guest.disk)):
+            shutil.copyfile(path, out / GUEST_DIR / path.name)
+            guest_meta[role] = path.name
+        guest_meta.update(stack=guest.stack, image=guest.image, image_id=guest.image_id)
+    manifest: dict[str, object] = {"format": FORMAT, "guest": guest_meta, "files": hashes(out)}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    log(f"bundle: {len(libs)} libraries, {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()) >> 20} MiB")
+    return manifest
+
+
+def _write_script(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def root_disk_for(tools: HostTools, stack: Stack) -> RootDisk | None:
+    """The guest disk an installed bundle carries for ``stack`` and these pins (no podman needed)."""
+    if not tools.bundle:
+        return None
+    g = guest(tools.root)
+    if g is None or g.stack != stack.name:
+        return None
+    if g.image != images.default_tag(images.render_stack(stack, pins_mod.default())):
+        return None
+    return RootDisk(g.disk, g.kernel, g.initrd, g.image_id)
+
+
+def guest(root: Path) -> Guest | None:
+    """The guest a bundle holds, or None."""
+    meta = json.loads((root / MANIFEST).read_text()).get("guest", {})
+    if not meta:
+        return None
+    g = root / GUEST_DIR
+    return Guest(
+        meta["stack"], meta["image"], meta["image_id"], g / meta["kernel"], g / meta["initrd"], g / meta["disk"]
+    )
+
+
+def make(
+    root: Path, out: Path, guest: Guest | None, *, level: int = 10, log: Callable[[str], None] | None = None
+) -> dict[str, object]:
+    """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))  # stdout is for --json
+    staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    staging.mkdir(parents=True)
+    try:
+        manifest = stage(root, staging, guest, log)
+        log(f"bundle: packing {out} (zstd -{level})")
+        pack(staging, out, level=level)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    log(f"bundle: {out} ({out.stat().st_size >> 20} MiB)")
+    return manifest
