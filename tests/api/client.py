@@ -74,7 +74,8 @@ class Api:
             conn.close()
 
     def children(self) -> list[int]:
-        """Processes whose parent is the server (QEMU runs as one, through the chroot wrapper)."""
+        """Processes whose parent is the server (QEMU runs as one, through the chroot wrapper),
+        less the server's reaper, which lives exactly as long as the server (adapters/reaper.py)."""
         kids = []
         for d in os.listdir("/proc"):
             if not d.isdigit():
@@ -83,7 +84,7 @@ class Api:
                 stat = Path(f"/proc/{d}/stat").read_text()
             except OSError:
                 continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+            if int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid and not _is_reaper(int(d)):
                 kids.append(int(d))
         return kids
 
@@ -140,3 +141,11 @@ def wait_gone(pid: int, timeout: float = 30) -> bool:
             return True
         time.sleep(0.2)
     return gone(pid)
+
+
+def _is_reaper(pid: int) -> bool:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"provision.adapters.reaper" in argv
