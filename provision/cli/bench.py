@@ -37,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from provision.core import catalog
     from provision.core.paths import cache_dir
     from provision.hosts.linux import backend as linux
+    from provision.hosts.linux import bench as linux_bench
 
     values.seconds(args.timeout, "--timeout")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
@@ -48,18 +49,18 @@ def run(args: argparse.Namespace) -> int:
     assert model is not None
     backend = linux.backend()
     apir = stack.route == "apir"
-    places = apir_route.GUEST_BENCH_PLACES if apir else linux.GUEST_PLACES
+    places = apir_route.GUEST_BENCH_PLACES if apir else linux_bench.GUEST_PLACES
     runs = [(stack, places)]
     if apir and not args.no_venus:
         # The same model on the Venus route, in the same invocation: APIR vs Venus vs CPU vs host.
         venus = catalog.load().get(args.venus_stack)
         catalog.check_gpu(venus, True)
-        runs.append((venus, {"guest-gpu": linux.GUEST_PLACES["guest-gpu"]}))
+        runs.append((venus, {"guest-gpu": linux_bench.GUEST_PLACES["guest-gpu"]}))
     results: list[bench.BenchResult] = []
     res = None
     for run_stack, run_places in runs:
         res, out, err = linux.capture_run(
-            backend, run_stack, True, model, linux.guest_bench_command(run_places), args.timeout
+            backend, run_stack, True, model, linux_bench.guest_bench_command(run_places), args.timeout
         )
         if res.exit_status != 0:
             raise VmFailed(
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         sections = bench.split_sections(out)
         results += [r for where in run_places for r in bench.parse_llama_bench(where, sections.get(where, ""))]
     assert res is not None
-    host_text = None if args.no_host else linux.host_native_bench(model)
+    host_text = None if args.no_host else linux_bench.host_native_bench(model)
     if host_text is not None:
         results += bench.parse_llama_bench("host-native", host_text)
     gpu_where = "guest-apir" if apir else "guest-gpu"

@@ -7,7 +7,7 @@ import pytest
 
 from provision.apir import route as apir_route
 from provision.bench import report as bench
-from provision.hosts.linux import backend as linux
+from provision.hosts.linux import bench as linux
 
 
 def r(where: str, test: str, ts: float) -> bench.BenchResult:

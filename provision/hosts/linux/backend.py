@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -388,45 +388,3 @@ def backend() -> LinuxBackend:
 
 
 __all__ = ["LinuxBackend", "RunResult", "backend", "job_script", "ProvisionError"]
-
-
-# --- benchmarks ------------------------------------------------------------------------------
-
-BENCH_ARGS = ("-p", "256", "-n", "16", "-r", "2", "-o", "json")
-
-
-def guest_bench_command(device_args: Mapping[str, tuple[str, ...]]) -> list[str]:
-    """One guest command running llama-bench once per place, each after a section marker."""
-    parts = ["set -e"]
-    for where, dev in device_args.items():
-        parts.append(f"echo '@@krun-bench {where}'")
-        parts.append(
-            shlex.join(["llama-bench", "-m", "MODEL_PATH", *dev, *BENCH_ARGS]).replace("MODEL_PATH", '"$MODEL"')
-        )
-    return ["sh", "-c", "; ".join(parts)]
-
-
-GUEST_PLACES = {
-    "guest-gpu": ("-dev", "Vulkan0", "-ngl", "99"),
-    "guest-cpu": ("-dev", "none", "-ngl", "0"),
-}
-
-
-def host_native_bench(model: Path, timeout: float = 600) -> str | None:
-    """llama-bench on the host's own Vulkan device (in the host-tools tree), or None without llama.cpp there."""
-    tools = host_tools.locate()
-    if tools is None or not tools.path("usr/bin/llama-bench").exists():
-        return None
-    program = ["llama-bench", "-m", f"{IN_CHROOT['model']}/{model.name}", "-dev", "Vulkan0", "-ngl", "99", *BENCH_ARGS]
-    env = {"GGML_VK_VISIBLE_DEVICES": "0"}
-    if tools.is_chroot:
-        argv = tools.chroot().with_binds({model.resolve().parent: IN_CHROOT["model"]}).argv(program, env)
-    else:
-        program[2] = str(model)
-        argv = program
-    proc = procs.run(
-        argv, "llama-bench", text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
-    )
-    if proc.returncode != 0:
-        raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return proc.stdout
