@@ -149,6 +149,8 @@ class VmSpec:
     display: str = "none"  # "egl-headless", "sdl" or "none"
     append_extra: tuple[str, ...] = field(default_factory=tuple)
     quiet: bool = True  # False shows the kernel's boot messages in console.log
+    # QEMU's seccomp filter (``-sandbox``); provision/core/isolation.py picks it. None: no filter.
+    sandbox: str | None = None
 
 
 def kernel_cmdline(spec: VmSpec) -> str:
@@ -167,6 +169,11 @@ def kernel_cmdline(spec: VmSpec) -> str:
     return " ".join([*parts, *spec.append_extra])
 
 
+def network_args(spec: VmSpec) -> list[str]:
+    """The guest's network: none at all (no NIC, so only ``lo`` inside) unless a port is forwarded."""
+    return ["-nic", "none"]
+
+
 def argv(spec: VmSpec) -> list[str]:
     """The QEMU command line for ``spec`` (pure)."""
     accel = ["-accel", "kvm", "-cpu", "host"] if spec.accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
@@ -181,6 +188,9 @@ def argv(spec: VmSpec) -> list[str]:
         "-no-reboot",
         "-no-user-config",
     ]
+    if spec.sandbox:
+        out += ["-sandbox", spec.sandbox]
+    out += network_args(spec)
     if spec.gpu:
         # Venus maps host memory into the guest: the RAM must be a shareable memfd.
         out += [

@@ -1,6 +1,9 @@
 """`provision run` on the podman machine as data: the ``podman run --rm`` argv.
 
-Pure. GPU rules are the catalog's (E007 before anything starts); the guest env is the
+Pure. The container is locked down by default (provision/core/isolation.py says why): no
+network unless ``serve`` publishes one port on 127.0.0.1, no capabilities, no new
+privileges, a read-only root with a tmpfs ``/tmp``, and pid, memory and CPU limits.
+GPU rules are the catalog's (E007 before anything starts); the guest env is the
 stack's plus the route's. ``GGML_REMOTING_USE_APIR_CAPSET`` is set only when the hypervisor
 routes the APIR capset (pins.json compat ``libkrun_routes_apir_capset``; false today), since
 otherwise the guest must use the Venus capset that the host reroutes to APIR.
@@ -14,12 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from provision.apir.route import APIR_CAPSET_ENV
-from provision.core import catalog
+from provision.core import catalog, values
 from provision.core.catalog import Stack
 from provision.core.errors import InvalidValue
+from provision.core.isolation import GuestLimits
 
 MODEL_DIR = "/models"
 IMAGE_PREFIX = "localhost/krun-gpu"
+# Route defaults for `provision run` on the podman machine when --memory/--cpus are not given.
+DEFAULT_MEMORY_MIB = 8192
+DEFAULT_CPUS = 4
+# Mesa keeps its shader cache under XDG_CACHE_HOME; the root is read-only, /tmp is not.
+CACHE_HOME = "/tmp/.cache"
 
 
 def image_repo(stack: Stack) -> str:
@@ -45,6 +54,26 @@ class RunPlan:
         return {"argv": list(self.argv), "route": self.route, "gpu": self.gpu, "model_in_guest": self.model_in_guest}
 
 
+def isolation_args(limits: GuestLimits, publish_port: int | None) -> list[str]:
+    """What the container may reach: nothing on the network unless one port is published."""
+    if publish_port is None:
+        net = ["--network=none"]
+    else:
+        values.int_range(publish_port, "port", 1, 65535)
+        # serve: the one port, on the machine's loopback only (podman forwards it to the host's).
+        net = ["-p", f"127.0.0.1:{publish_port}:{publish_port}"]
+    return [
+        *net,
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--read-only",
+        "--tmpfs=/tmp:rw,nosuid,nodev,mode=1777",
+        f"--pids-limit={limits.pids}",
+        f"--memory={limits.memory_mib or DEFAULT_MEMORY_MIB}m",
+        f"--cpus={limits.cpus or DEFAULT_CPUS}",
+    ]
+
+
 def plan_run(
     stack: Stack,
     *,
@@ -54,24 +83,28 @@ def plan_run(
     command: Sequence[str],
     compat: dict[str, Any],
     image: str,
+    limits: GuestLimits | None = None,
+    publish_port: int | None = None,
 ) -> RunPlan:
     catalog.check_gpu(stack, gpu)
     chosen = catalog.check_route(stack, route)
     if not command:
         raise InvalidValue("provision run: no command after --")
-    argv = ["podman", "run", "--rm"]
+    argv = ["podman", "run", "--rm", *isolation_args(limits or GuestLimits(), publish_port)]
     if gpu:
         # Without --device the container sees no render node: never a silent CPU run.
         argv += ["--device", "/dev/dri"]
-    # The machine shares the host's home over virtiofs, where SELinux relabeling fails.
-    argv += ["--security-opt", "label=disable"]
     model_in_guest = None
     if model_path is not None:
         if not model_path.is_absolute():
             raise InvalidValue(f"model path {model_path}: must be absolute (podman mounts host paths)")
         model_in_guest = f"{MODEL_DIR}/{model_path.name}"
+        # The model comes from the host's home, which the machine mounts over virtiofs: SELinux
+        # cannot label files there (relabeling fails), so the container could not read it.
+        argv += ["--security-opt=label=disable"]
         argv += ["-v", f"{model_path}:{model_in_guest}:ro"]
     env = guest_env(stack, chosen, compat) if gpu else dict(stack.guest_env)
+    env.setdefault("XDG_CACHE_HOME", CACHE_HOME)
     if model_in_guest:
         env["PROVISION_MODEL"] = model_in_guest
     for key in sorted(env):
