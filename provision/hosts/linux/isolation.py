@@ -12,6 +12,7 @@ the reaper, which runs as root and can signal them.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from provision.adapters.chroot import Chroot
@@ -30,14 +31,20 @@ def guest_devices(accel: str, gpu: bool, dri: Path = Path("/dev/dri")) -> list[P
 
 
 def drop(
-    tools_root: Path, chroot: Chroot | None, run_dir: Path, *, accel: str, gpu: bool
+    tools_root: Path, chroot: Chroot | None, run_dir: Path, *, accel: str, gpu: bool, terminal: str | None = None
 ) -> tuple[Chroot | None, GuestUser | None]:
-    """The chroot that runs the run's programs as ``krun-guest`` (unchanged when there is no drop) and that user."""
+    """The chroot that runs the run's programs as ``krun-guest`` (unchanged when there is no drop) and that user.
+
+    ``terminal``: a pty slave QEMU opens as a serial port (``provision shell``); it is handed
+    to the user too, since provision made it and QEMU could not open it otherwise.
+    """
     devices = guest_devices(accel, gpu)
     user = guest_user.run_user(tools_root, is_chroot=chroot is not None, devices=devices)
     if user is None or chroot is None:
         return chroot, None
     guest_user.hand_over([run_dir / name for name in QEMU_WRITES], user)
+    if terminal is not None:
+        os.chown(terminal, user.uid, -1)  # the tty group (mode 0620) stays: only its owner may read it
     return chroot.as_user(user.uid, user.gid, user.groups), user
 
 

@@ -4,15 +4,18 @@ starts, and what doctor reports. The macOS `podman run` flags: tests/hosts/darwi
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from provision.adapters import qemu
+from provision.adapters import procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import errors, isolation
 from provision.hosts.linux import guest_user
@@ -72,7 +75,7 @@ def mini_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root.chmod(0o755)  # pytest makes it 0700; it is the user's "/"
     for d in ("proc", "sys", "dev", "etc", "tmp"):
         (root / d).mkdir()
-    for prog in ("sh", "id", "cat", "env", "touch", "grep"):
+    for prog in ("sh", "id", "cat", "env", "touch", "grep", "sleep"):
         src = Path(shutil.which(prog) or f"/bin/{prog}").resolve()
         wanted = {src}
         ldd = subprocess.run(["ldd", str(src)], capture_output=True, text=True).stdout
@@ -114,6 +117,67 @@ def test_program_in_the_chroot_runs_as_the_user_with_no_new_privs(mini_root: Pat
     # Without a user the same tree runs the program as root (the tools' own setup steps).
     as_root = subprocess.run(Chroot(mini_root).argv(["id", "-u"]), capture_output=True, text=True, timeout=60)
     assert as_root.stdout.strip() == "0"
+
+
+# A root provision's run, reduced to the drop: the program enters the chroot as krun-guest in the
+# process group procs.spawn made; then the owner is SIGKILLed and only the reaper is left to stop it.
+OWNER = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    from pathlib import Path
+    from provision.adapters import procs
+    from provision.adapters.chroot import Chroot
+    from provision.hosts.linux import isolation
+
+    root, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    master, slave = os.openpty()
+    ch, user = isolation.drop(root, Chroot(root).with_binds({run_dir: "/mnt/krun/run"}), run_dir,
+                              accel="tcg", gpu=False, terminal=os.ttyname(slave))
+    p = procs.spawn(ch.argv(["sh", "-c", "sleep 300 & echo $! > /mnt/krun/run/console.log; wait"]), run_dir, "qemu",
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = run_dir / "console.log"
+    while not log.read_text().endswith("\\n"):
+        time.sleep(0.02)
+    print(json.dumps({"child": p.pid, "grandchild": int(log.read_text()), "reaper": procs.reaper_pid(),
+                      "uid": user.uid, "tty_uid": os.stat(os.ttyname(slave)).st_uid}), flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _status(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def test_sigkill_of_a_root_owner_stops_its_dropped_program_through_the_reaper(mini_root: Path, tmp_path: Path) -> None:
+    """The change of user clears PDEATHSIG; the process group (and so the reaper's kill) is kept."""
+    assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(mini_root), str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PROVISION_CACHE": str(tmp_path / "cache")},
+    )
+    assert owner.stdout is not None
+    pids = json.loads(owner.stdout.readline())
+    assert pids["tty_uid"] == pids["uid"] != 0  # a shell's pty is QEMU's to open
+    for name in ("child", "grandchild"):
+        st = _status(pids[name])
+        assert st["Uid"].split()[0] == str(pids["uid"]) and st["NoNewPrivs"] == "1", (name, st["Uid"])
+    assert os.getpgid(pids["grandchild"]) == os.getpgid(pids["child"]) == pids["child"]
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    left = [p for p in (pids["child"], pids["grandchild"]) if procs.start_time(p) is not None]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = [p for p in left if procs.start_time(p) is not None]
+    assert left == [], "the reaper did not stop the krun-guest processes"
+    assert procs.records(run_dir) == []
 
 
 def test_guest_user_is_added_once_with_ids_free_on_the_host(tmp_path: Path) -> None:
