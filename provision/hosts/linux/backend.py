@@ -31,7 +31,7 @@ from provision.core.errors import ProvisionError, RunTimeout, UnknownRoute, VmFa
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_option
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import companions, isolation, slots, watchdog
+from provision.hosts.linux import companions, isolation, logs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
@@ -241,7 +241,7 @@ def _watch(
     watch_workers: bool = False,
     beside: companions.Companions | None = None,
 ) -> int:
-    streams = [_Tail(run_dir / "stdout.log", out), _Tail(run_dir / "stderr.log", err)]
+    streams = [logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
     status: int | None = None
     workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
@@ -255,7 +255,7 @@ def _watch(
             break
         if workers is not None:
             # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
-            lines = (_read(run_dir / "qemu.log") + _read(run_dir / "stderr.log")).splitlines()
+            lines = (logs.read(run_dir / "qemu.log") + logs.read(run_dir / "stderr.log")).splitlines()
             for line in lines[seen_lines:]:
                 death = watchdog.classify(line)
                 if death is not None:
@@ -291,44 +291,10 @@ def _watch(
     if status is None:
         raise VmFailed(
             f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
-            f"{_tail(run_dir / 'qemu.log')} | console: {_tail(console)}",
+            f"{logs.tail(run_dir / 'qemu.log')} | console: {logs.tail(console)}",
             fix=f"see {run_dir}",
         )
     return status
-
-
-class _Tail:
-    """Copies what a growing file gains to a stream."""
-
-    def __init__(self, path: Path, sink: BinaryIO) -> None:
-        self.path, self.sink, self.offset = path, sink, 0
-
-    def pump(self) -> bool:
-        """Copy new bytes; True when there were any (the guest made progress)."""
-        if not self.path.exists():
-            return False
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        if data:
-            self.offset += len(data)
-            self.sink.write(data)
-            self.sink.flush()
-        return bool(data)
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError:
-        return ""
-
-
-def _tail(path: Path, n: int = 600) -> str:
-    try:
-        return path.read_bytes()[-n:].decode(errors="replace").strip()
-    except OSError:
-        return "(none)"
 
 
 def _has_render_node() -> bool:

@@ -173,11 +173,11 @@ def test_sigkill_of_a_root_owner_stops_its_dropped_program_through_the_reaper(mi
     owner.wait()
     deadline = time.monotonic() + 10
     left = [p for p in (pids["child"], pids["grandchild"]) if procs.start_time(p) is not None]
-    while left and time.monotonic() < deadline:
+    while (left or procs.records(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.05)
         left = [p for p in left if procs.start_time(p) is not None]
     assert left == [], "the reaper did not stop the krun-guest processes"
-    assert procs.records(run_dir) == []
+    assert procs.records(run_dir) == []  # the reaper forgets what it stopped
 
 
 def test_guest_user_is_added_once_with_ids_free_on_the_host(tmp_path: Path) -> None:
