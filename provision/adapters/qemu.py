@@ -131,6 +131,19 @@ class Drive:
 
 
 @dataclass(frozen=True)
+class Forward:
+    """One TCP port of the guest published on a host address (QEMU user networking).
+
+    The guest gets a NIC only for this: ``restrict=on`` cuts it off from the host and the
+    outside, and the forward listens on ``host_addr`` alone (loopback unless the user chose).
+    """
+
+    host_addr: str
+    host_port: int
+    guest_port: int
+
+
+@dataclass(frozen=True)
 class VmSpec:
     """Everything that decides a QEMU command line; paths are as QEMU sees them."""
 
@@ -151,6 +164,8 @@ class VmSpec:
     quiet: bool = True  # False shows the kernel's boot messages in console.log
     # QEMU's seccomp filter (``-sandbox``); provision/core/isolation.py picks it. None: no filter.
     sandbox: str | None = None
+    forward: Forward | None = None  # None: the guest has no network device at all (network_args)
+    terminal: str | None = None  # a host tty (pty slave) for ttyS1 instead of the stdout file
 
 
 def kernel_cmdline(spec: VmSpec) -> str:
@@ -170,8 +185,8 @@ def kernel_cmdline(spec: VmSpec) -> str:
 
 
 def network_args(spec: VmSpec) -> list[str]:
-    """The guest's network: none at all (no NIC, so only ``lo`` inside) unless a port is forwarded."""
-    return ["-nic", "none"]
+    """The guest's network: none at all (no NIC, so only ``lo`` inside) unless serve forwards a port."""
+    return ["-nic", "none"] if spec.forward is None else netdev_args(spec.forward)
 
 
 def argv(spec: VmSpec) -> list[str]:
@@ -205,8 +220,13 @@ def argv(spec: VmSpec) -> list[str]:
     else:
         out += ["-machine", "q35", "-display", "none"]
     # ttyS0: kernel console + init's status lines; ttyS1/ttyS2: the command's stdout/stderr.
+    if spec.terminal is not None and not re.fullmatch(r"/[\w./-]+", spec.terminal):
+        raise ValueError(f"terminal must be a plain device path: {spec.terminal!r}")
+    # With a terminal, ttyS1 is that tty (provision shell): the guest's shell reads and writes it.
     for cid, path in (("con", spec.console_log), ("out", spec.stdout_log), ("err", spec.stderr_log)):
-        out += ["-chardev", f"file,id={cid},path={path}", "-serial", f"chardev:{cid}"]
+        backend = "serial" if cid == "out" and spec.terminal else "file"
+        target = spec.terminal if backend == "serial" else path
+        out += ["-chardev", f"{backend},id={cid},path={target}", "-serial", f"chardev:{cid}"]
     out += ["-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernel_cmdline(spec)]
     for i, d in enumerate((spec.root, *spec.drives)):
         ro = ",readonly=on" if d.readonly else ""
@@ -217,3 +237,18 @@ def argv(spec: VmSpec) -> list[str]:
             f"virtio-blk-pci,drive=d{i},serial={d.serial}",
         ]
     return out
+
+
+def netdev_args(fwd: Forward) -> list[str]:
+    """A virtio NIC whose only reachable service is ``fwd`` (guest 10.0.2.15, QEMU's default)."""
+    for port in (fwd.host_port, fwd.guest_port):
+        if not 0 < port < 65536:
+            raise ValueError(f"port {port} out of range")
+    if not re.fullmatch(r"\d{1,3}(\.\d{1,3}){3}", fwd.host_addr):
+        raise ValueError(f"host address must be a numeric IPv4 address: {fwd.host_addr!r}")
+    return [
+        "-netdev",
+        f"user,id=net0,restrict=on,ipv6=off,hostfwd=tcp:{fwd.host_addr}:{fwd.host_port}-:{fwd.guest_port}",
+        "-device",
+        "virtio-net-pci,netdev=net0",
+    ]

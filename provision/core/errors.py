@@ -192,6 +192,24 @@ class BenchGateFailed(ProvisionError):
     default_fix = "read the bench report named above; the gate compares guest GPU with guest CPU"
 
 
+class RunCancelled(ProvisionError):
+    """The caller stopped the run (an API client went away, the API server is stopping)."""
+
+    code = "E026"
+    exit_status = 36
+    summary = "the run was cancelled before the guest finished"
+    default_fix = "run it again and keep the connection open until the result arrives (or use /execute/stream)"
+
+
+class PortInUse(ProvisionError):
+    """Checked before the guest boots, so a busy port never costs a VM start."""
+
+    code = "E027"
+    exit_status = 37
+    summary = "the host port to publish is already in use"
+    default_fix = "choose another --port, or stop what listens there (`provision ps`, `ss -ltnp`)"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 
@@ -268,6 +286,16 @@ class ProtocolMismatch(ProvisionError):
     exit_status = 54
     summary = "guest and host APIR protocol versions differ"
     default_fix = "rebuild the guest image and the host backend from the same llama.cpp pin"
+
+
+# --- the HTTP execution API (provision api) --------------------------------------------------
+
+
+class Unauthorized(ProvisionError):
+    code = "E050"
+    exit_status = 60
+    summary = "the API request carried no valid bearer token"
+    default_fix = "send `Authorization: Bearer TOKEN` with the token in the server's --token-file"
 
 
 def all_errors() -> list[type[ProvisionError]]:

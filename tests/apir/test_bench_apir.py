@@ -7,7 +7,7 @@ import pytest
 
 from provision.apir import route as apir_route
 from provision.bench import report as bench
-from provision.hosts.linux import bench as linux
+from provision.hosts.linux import bench as linux_bench
 
 
 def r(where: str, test: str, ts: float) -> bench.BenchResult:
@@ -28,5 +28,5 @@ def test_apir_gate_ratio_and_table():
 
 
 def test_apir_places_name_the_remote_device_and_the_cpu():
-    cmd = linux.guest_bench_command(apir_route.GUEST_BENCH_PLACES)[-1]
+    cmd = linux_bench.guest_bench_command(apir_route.GUEST_BENCH_PLACES)[-1]
     assert "@@krun-bench guest-apir" in cmd and "'[virtgpu] Vulkan0'" in cmd and "-dev none" in cmd

@@ -32,7 +32,7 @@ from provision.hosts.darwin import machine_state, versions
 from provision.hosts.darwin.bundle import KrunBundle
 from provision.hosts.darwin.doctor import libkrun_version
 from provision.hosts.darwin.launch import LaunchPlan, LaunchRequest, plan_launch
-from provision.hosts.darwin.runplan import image_repo, plan_run
+from provision.hosts.darwin.runplan import Publish, image_repo, plan_run
 
 
 def observe_machine(name: str, env: dict[str, str]) -> podman_machine.MachineInfo | None:
@@ -140,16 +140,7 @@ class DarwinBackend:
         machine_state.record_route(plan.machine, plan.route, virglrenderer=mapped)
         return plan
 
-    def run(
-        self,
-        stack: Stack,
-        gpu: bool,
-        model_path: Path | None,
-        command: Sequence[str],
-        timeout: float | None,
-        route: str | None,
-        machine: str = podman_machine.DEFAULT_MACHINE,
-    ) -> int:
+    def checked_route(self, stack: Stack, gpu: bool, route: str | None, machine: str) -> str:
         catalog.check_gpu(stack, gpu)
         chosen = catalog.check_route(stack, route)
         if gpu:
@@ -161,6 +152,49 @@ class DarwinBackend:
                     f"stack {stack.name!r} needs {chosen}",
                     fix=f"provision launch --route {chosen}",
                 )
+        return chosen
+
+    def guest_argv(
+        self,
+        stack: Stack,
+        gpu: bool,
+        model_path: Path | None,
+        command: Sequence[str],
+        route: str | None,
+        *,
+        publish: Publish | None = None,
+        interactive: bool = False,
+        model_name: str | None = None,
+        machine: str = podman_machine.DEFAULT_MACHINE,
+    ) -> list[str]:
+        """`podman run` for serve (a published port) and shell (``-it``), after the run's checks."""
+        chosen = self.checked_route(stack, gpu, route, machine)
+        plan = plan_run(
+            stack,
+            gpu=gpu,
+            route=chosen,
+            model_path=model_path,
+            command=command,
+            compat=pins.default().compat,
+            image=newest_image(stack),
+            limits=self.limits,
+            publish=publish,
+            interactive=interactive,
+            model_name=model_name,
+        )
+        return list(plan.argv)
+
+    def run(
+        self,
+        stack: Stack,
+        gpu: bool,
+        model_path: Path | None,
+        command: Sequence[str],
+        timeout: float | None,
+        route: str | None,
+        machine: str = podman_machine.DEFAULT_MACHINE,
+    ) -> int:
+        chosen = self.checked_route(stack, gpu, route, machine)
         plan = plan_run(
             stack,
             gpu=gpu,

@@ -44,6 +44,21 @@ def guest_env(stack: Stack, route: str, compat: dict[str, Any]) -> dict[str, str
 
 
 @dataclass(frozen=True)
+class Publish:
+    """A container port published on the Mac (podman's ``-p HOST:PORT:GUEST``); serve only.
+
+    Without one a run needs no network; the isolation of runs keys on ``publish is None``.
+    """
+
+    host: str
+    port: int
+    guest_port: int
+
+    def podman_args(self) -> list[str]:
+        return ["-p", f"{self.host}:{self.port}:{self.guest_port}"]
+
+
+@dataclass(frozen=True)
 class RunPlan:
     argv: tuple[str, ...]
     route: str
@@ -54,14 +69,12 @@ class RunPlan:
         return {"argv": list(self.argv), "route": self.route, "gpu": self.gpu, "model_in_guest": self.model_in_guest}
 
 
-def isolation_args(limits: GuestLimits, publish_port: int | None) -> list[str]:
-    """What the container may reach: nothing on the network unless one port is published."""
-    if publish_port is None:
-        net = ["--network=none"]
-    else:
-        values.int_range(publish_port, "port", 1, 65535)
-        # serve: the one port, on the machine's loopback only (podman forwards it to the host's).
-        net = ["-p", f"127.0.0.1:{publish_port}:{publish_port}"]
+def isolation_args(limits: GuestLimits, publish: Publish | None) -> list[str]:
+    """What the container may reach: nothing on the network unless serve publishes its one port."""
+    if publish is not None:
+        values.int_range(publish.port, "--port", 1, 65535)
+        values.int_range(publish.guest_port, "guest port", 1, 65535)
+    net = ["--network=none"] if publish is None else publish.podman_args()
     return [
         *net,
         "--cap-drop=ALL",
@@ -84,13 +97,18 @@ def plan_run(
     compat: dict[str, Any],
     image: str,
     limits: GuestLimits | None = None,
-    publish_port: int | None = None,
+    publish: Publish | None = None,
+    interactive: bool = False,
+    model_name: str | None = None,
 ) -> RunPlan:
     catalog.check_gpu(stack, gpu)
     chosen = catalog.check_route(stack, route)
     if not command:
         raise InvalidValue("provision run: no command after --")
-    argv = ["podman", "run", "--rm", *isolation_args(limits or GuestLimits(), publish_port)]
+    argv = ["podman", "run", "--rm"]
+    if interactive:
+        argv.append("-it")  # provision shell: the user's terminal is the container's
+    argv += isolation_args(limits or GuestLimits(), publish)
     if gpu:
         # Without --device the container sees no render node: never a silent CPU run.
         argv += ["--device", "/dev/dri"]
@@ -98,7 +116,7 @@ def plan_run(
     if model_path is not None:
         if not model_path.is_absolute():
             raise InvalidValue(f"model path {model_path}: must be absolute (podman mounts host paths)")
-        model_in_guest = f"{MODEL_DIR}/{model_path.name}"
+        model_in_guest = f"{MODEL_DIR}/{model_name or model_path.name}"
         # The model comes from the host's home, which the machine mounts over virtiofs: SELinux
         # cannot label files there (relabeling fails), so the container could not read it.
         argv += ["--security-opt=label=disable"]
@@ -107,6 +125,7 @@ def plan_run(
     env.setdefault("XDG_CACHE_HOME", CACHE_HOME)
     if model_in_guest:
         env["PROVISION_MODEL"] = model_in_guest
+        env["MODEL"] = model_in_guest  # the name Linux guests use (serve's command reads it)
     for key in sorted(env):
         argv += ["-e", f"{key}={env[key]}"]
     argv.append(image)

@@ -17,6 +17,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from provision.adapters import procs, qemu, xvfb
 from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
-from provision.core.errors import ProvisionError, RunTimeout, UnknownRoute, VmFailed
+from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_option
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
@@ -66,6 +67,12 @@ class LinuxBackend:
     watch_workers: bool = False
     # `provision run --memory/--cpus` (provision/core/isolation.py): where set, they replace the defaults above.
     limits: GuestLimits = field(default_factory=GuestLimits)
+    # provision serve / shell (provision/serve.py, provision/shell.py): a published port, a
+    # terminal for ttyS1, a hook told QEMU's pid and the run dir, a bound wait for a GPU slot.
+    forward: qemu.Forward | None = None
+    terminal: str | None = None
+    on_start: Callable[[int, Path], None] | None = None
+    slot_wait_s: float | None = None
 
     def _use_apir(self, tools: host_tools.HostTools) -> None:
         """APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed)."""
@@ -102,6 +109,7 @@ class LinuxBackend:
         stdout: BinaryIO | None = None,
         stderr: BinaryIO | None = None,
         model_name: str | None = None,
+        cancel: threading.Event | None = None,
     ) -> RunResult:
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
@@ -131,10 +139,12 @@ class LinuxBackend:
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
         procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
-        slot = slots.acquire(deadline) if gpu else None
+        slot_deadline = deadline if self.slot_wait_s is None else min(deadline, time.monotonic() + self.slot_wait_s)
+        slot = slots.acquire(slot_deadline, cancel=cancel) if gpu else None
         try:
             fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
-            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds)
+            return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds,
+                              cancel=cancel)
         finally:
             if slot is not None:
                 slot.release()
@@ -155,6 +165,7 @@ class LinuxBackend:
         out: BinaryIO,
         err: BinaryIO,
         keep_fds: tuple[int, ...] = (),
+        cancel: threading.Event | None = None,
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -172,7 +183,7 @@ class LinuxBackend:
             drives.append(qemu.Drive(where(model_disk), "krun-model"))
         display = "egl-headless" if gpu and _has_render_node() else ("sdl" if gpu else "none")
         accel = accel_mod.host_accelerator()
-        chroot, user = isolation.drop(tools.root, chroot, run_dir, accel=accel, gpu=gpu)
+        chroot, user = isolation.drop(tools.root, chroot, run_dir, accel=accel, gpu=gpu, terminal=self.terminal)
         spec = qemu.VmSpec(
             kernel=where(root.kernel),
             initrd=where(root.initrd),
@@ -189,6 +200,8 @@ class LinuxBackend:
             display=display,
             quiet=os.environ.get("PROVISION_GUEST_DEBUG") != "1",
             sandbox=sandbox_option(gpu),
+            forward=self.forward,
+            terminal=self.terminal,
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
@@ -217,8 +230,11 @@ class LinuxBackend:
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
                 + isolation.log_fields(x.pid if x else None, user)
             )
+            if self.on_start is not None:
+                self.on_start(proc.pid, run_dir)
             beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside)
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside,
+                            cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
@@ -240,6 +256,7 @@ def _watch(
     *,
     watch_workers: bool = False,
     beside: companions.Companions | None = None,
+    cancel: threading.Event | None = None,
 ) -> int:
     streams = [logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)]
     console = run_dir / "console.log"
@@ -255,7 +272,7 @@ def _watch(
             break
         if workers is not None:
             # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
-            lines = (logs.read(run_dir / "qemu.log") + logs.read(run_dir / "stderr.log")).splitlines()
+            lines = (logs.read_text(run_dir / "qemu.log") + logs.read_text(run_dir / "stderr.log")).splitlines()
             for line in lines[seen_lines:]:
                 death = watchdog.classify(line)
                 if death is not None:
@@ -273,10 +290,13 @@ def _watch(
         dead = beside.poll() if beside is not None else None
         if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
-        if time.monotonic() >= deadline:
+        cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
+        if cancelled or time.monotonic() >= deadline:
             xvfb.stop_process(proc, grace_s=2.0)
             for s in streams:
                 s.pump()
+            if cancelled:
+                raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
             raise RunTimeout(
                 f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
             )

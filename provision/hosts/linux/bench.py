@@ -1,7 +1,7 @@
-"""Benchmarks on the Linux route: the guest's llama-bench command and the host's own llama-bench.
+"""llama-bench in a guest and on the host, for `provision bench` on the Linux route.
 
-llama-bench runs once per place (the guest's GPU, its CPU, the host's Vulkan device); the
-guest's runs go through ``LinuxBackend`` like any other command.
+The guest command runs llama-bench once per place (GPU device, CPU) after a section marker
+that bench.report splits on; the host run uses the host-tools tree's own llama-bench.
 """
 
 from __future__ import annotations

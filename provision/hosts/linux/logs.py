@@ -1,4 +1,4 @@
-"""The files a Linux guest's serial ports write (console, the command's stdout and stderr), read as they grow."""
+"""The files a running guest writes (its stdout, stderr, console, QEMU's log), read as they grow."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ class Tail:
         return bool(data)
 
 
-def read(path: Path) -> str:
+def read_text(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
     except OSError:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.core.errors import GpuSlotTimeout, InvalidValue
+from provision.core.errors import GpuSlotTimeout, InvalidValue, RunCancelled
 from provision.core.paths import cache_dir
 
 ENV_VAR = "PROVISION_GPU_SLOTS"
@@ -56,13 +57,21 @@ def try_acquire(count: int | None = None, directory: Path | None = None) -> Slot
     return None
 
 
-def acquire(deadline: float, count: int | None = None, directory: Path | None = None, poll_s: float = 0.25) -> Slot:
-    """A free slot, waiting until ``deadline`` (time.monotonic()) and then E022."""
+def acquire(
+    deadline: float,
+    count: int | None = None,
+    directory: Path | None = None,
+    poll_s: float = 0.25,
+    cancel: threading.Event | None = None,
+) -> Slot:
+    """A free slot, waiting until ``deadline`` (time.monotonic()) and then E022; E026 once ``cancel`` is set."""
     n = count or slot_count()
     while True:
         slot = try_acquire(n, directory)
         if slot is not None:
             return slot
+        if cancel is not None and cancel.is_set():
+            raise RunCancelled("the run was cancelled while it waited for a GPU VM slot")
         if time.monotonic() >= deadline:
             raise GpuSlotTimeout(
                 f"all {n} GPU VM slots stayed busy until the deadline",

@@ -10,7 +10,7 @@ import pytest
 from provision.core import catalog, errors, isolation, pins
 from provision.core.diagnostics import DoctorContext
 from provision.hosts.darwin.doctor_isolation import isolation_checks
-from provision.hosts.darwin.runplan import plan_run
+from provision.hosts.darwin.runplan import Publish, plan_run
 
 COMPAT = pins.load().compat
 IMG = "localhost/krun-gpu/llama:0123456789ab"
@@ -56,13 +56,13 @@ def test_podman_run_limits_come_from_flags_and_the_model_mount_drops_labels() ->
 
 
 def test_serve_plan_publishes_only_its_port_on_loopback() -> None:
-    argv = _plan(publish_port=8080)
-    assert argv.count("-p") == 1 and argv[argv.index("-p") + 1] == "127.0.0.1:8080:8080"
+    argv = _plan(publish=Publish("127.0.0.1", 18080, 8080))
+    assert argv.count("-p") == 1 and argv[argv.index("-p") + 1] == "127.0.0.1:18080:8080"
     assert "--network=none" not in argv
     assert not any(a.startswith(("--network", "--net=", "--publish")) for a in argv)
     assert {"--cap-drop=ALL", "--read-only", "--security-opt=no-new-privileges"} <= set(argv)
     with pytest.raises(errors.InvalidValue):
-        _plan(publish_port=70000)
+        _plan(publish=Publish("127.0.0.1", 70000, 8080))
 
 
 def test_doctor_reports_the_podman_run_flags_in_force() -> None:

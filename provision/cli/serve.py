@@ -1,0 +1,255 @@
+"""`provision serve`, `provision ps`, `provision stop`, `provision shell`.
+
+Thin: checks that need no guest come first (E007, address, port, name), then provision.serve
+or provision.shell does the work. `serve --detach` starts this same command again as a
+supervisor in the background (hidden ``--report FILE``) and returns once it reports healthy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.cli.run import resolve_model
+from provision.core.errors import InvalidValue, ProvisionError
+
+if TYPE_CHECKING:
+    from provision.core.catalog import Stack
+    from provision.serve import engine
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model with llama-server (OpenAI-compatible) from a guest, on this host's loopback",
+        epilog=example("provision serve llama-linux --model tiny-llama --gpu --detach"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("stack")
+    p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
+    p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
+    p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
+    p.add_argument("--port", type=int, default=8080, help="host port (default 8080)")
+    p.add_argument("--host", default="127.0.0.1", help="host address to publish on (default 127.0.0.1)")
+    p.add_argument("--allow-remote", action="store_true", help="allow a --host beyond loopback (no auth!)")
+    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's)")
+    p.add_argument("--parallel", type=int, default=4, help="concurrent request slots (default 4)")
+    p.add_argument("--name", default=None, help="name for ps/stop (default STACK-PORT)")
+    p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
+    p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    p.set_defaults(func=serve_cmd)
+
+    p = sub.add_parser(
+        "ps",
+        help="list what `provision serve` runs",
+        epilog=example("provision ps --json"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=ps_cmd)
+
+    p = sub.add_parser(
+        "stop",
+        help="stop a served model (and its guest)",
+        epilog=example("provision stop llama-linux-8080"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("name", nargs="?")
+    p.add_argument("--all", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=stop_cmd)
+
+    p = sub.add_parser(
+        "shell",
+        help="an interactive shell in a guest of STACK (same devices and env as run)",
+        epilog=example("provision shell llama-linux --gpu --model tiny-llama"),
+        formatter_class=EXAMPLE_FORMAT,
+    )
+    p.add_argument("stack")
+    p.add_argument("--gpu", action="store_true")
+    p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None)
+    p.add_argument("--model", default=None, help="mounted read-only, path in $MODEL")
+    p.add_argument("--timeout", type=float, default=None, metavar="S")
+    p.set_defaults(func=shell_cmd)
+
+
+def _stack(args: argparse.Namespace) -> Stack:
+    from provision.core import catalog
+
+    stack = catalog.load().get(args.stack)
+    catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
+    catalog.check_route(stack, args.route)
+    return stack
+
+
+def serve_cmd(args: argparse.Namespace) -> int:
+    from provision.serve import engine as serving
+    from provision.serve import state as serve_state
+
+    stack = _stack(args)
+    host = serving.check_host(args.host, args.allow_remote)
+    serving.check_numbers(args.port, args.ctx, args.parallel)
+    name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
+    if args.detach:
+        return _detach(args, stack, host, name)
+    report = Path(args.report) if args.report else None
+    try:
+        serving.check_port_free(host, args.port)
+        model_path = resolve_model(args.model)
+        assert model_path is not None  # --model is required
+        req = serving.ServeRequest(
+            stack=stack,
+            model_path=model_path,
+            model=serving.model_alias(args.model, model_path),
+            gpu=args.gpu,
+            host=host,
+            port=args.port,
+            ctx=args.ctx,
+            parallel=args.parallel,
+            name=name,
+            wait_s=args.wait,
+            route=args.route,
+        )
+
+        def ready(entry: serve_state.Entry) -> None:
+            if report is not None:
+                serve_state.write_report(report, {"entry": entry.as_dict()})
+            print(entry.url, flush=True)
+            print(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)", file=sys.stderr)
+
+        log = str(serve_state.state_dir() / f"{name}.log") if report else None
+        return serving.serve(req, _guest(req), log=log, on_ready=ready)
+    except ProvisionError as exc:
+        if report is not None:
+            serve_state.write_report(report, {"error": exc.as_dict()})
+        raise
+
+
+def _guest(req: engine.ServeRequest) -> engine.Guest:
+    from provision.hosts import module_for
+    from provision.serve import engine as serving
+    from provision.serve import guests
+
+    out, err = sys.stdout.buffer, sys.stderr.buffer
+    if module_for(sys.platform) == "darwin":
+        from provision.hosts.darwin.backend import DarwinBackend
+        from provision.hosts.darwin.runplan import Publish
+
+        argv = DarwinBackend().guest_argv(
+            req.stack,
+            req.gpu,
+            req.model_path,
+            serving.server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel),
+            req.route,
+            publish=Publish(req.host, req.port, serving.GUEST_PORT),
+            model_name=f"{req.model}.gguf",
+        )
+        return guests.ProcessGuest(argv, out=out, err=err)
+    return guests.LinuxGuest(req, out=out, err=err)
+
+
+def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> int:
+    from provision.serve import engine as serving
+    from provision.serve import state as serve_state
+
+    for entry in serve_state.entries():
+        if entry.name == name:
+            raise InvalidValue(
+                f"a serve named {name!r} already runs ({entry.url})",
+                fix=f"--name OTHER, or provision stop {name}",
+            )
+    serving.check_port_free(host, args.port)
+    resolve_model(args.model)  # pulls or synthesizes here, with progress, not in the background
+    state = serve_state.state_dir()
+    log, report = state / f"{name}.log", state / f".{name}.report.json"
+    report.unlink(missing_ok=True)
+    argv = [
+        "serve", stack.name, "--model", args.model, "--port", str(args.port), "--host", host,
+        "--parallel", str(args.parallel), "--name", name, "--wait", str(args.wait), "--report", str(report),
+    ]  # fmt: skip
+    argv += ["--gpu"] if args.gpu else []
+    argv += ["--allow-remote"] if args.allow_remote else []
+    argv += ["--ctx", str(args.ctx)] if args.ctx is not None else []
+    argv += ["--route", args.route] if args.route else []
+    print(f"provision: starting {name} in the background (log: {log})", file=sys.stderr, flush=True)
+    proc = serve_state.spawn_supervisor(argv, log)
+    try:
+        data = serve_state.wait_report(proc, report, log)
+    except KeyboardInterrupt:
+        serve_state.terminate(proc.pid)  # it stops its guest as on Ctrl-C
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=120)
+        raise
+    finally:
+        report.unlink(missing_ok=True)
+    entry = data["entry"]
+    if args.json:
+        print(json.dumps(entry, indent=2))
+    else:
+        print(entry["url"])
+        print(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it", file=sys.stderr)
+    return 0
+
+
+def ps_cmd(args: argparse.Namespace) -> int:
+    from provision.serve import state as serve_state
+
+    found = serve_state.entries()
+    if args.json:
+        print(json.dumps([e.as_dict() for e in found], indent=2))
+        return 0
+    rows = [("NAME", "STACK", "MODEL", "GPU", "URL", "PID", "STATUS", "UP")]
+    for e in found:
+        up = f"{int(time.time() - e.started)}s"
+        rows.append((e.name, e.stack, e.model, "yes" if e.gpu else "no", e.url, str(e.pid), e.status, up))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def stop_cmd(args: argparse.Namespace) -> int:
+    from provision.serve import state as serve_state
+
+    if args.all == bool(args.name):
+        raise InvalidValue("provision stop: give a NAME or --all (not both)", fix="provision ps lists the names")
+    targets = serve_state.entries() if args.all else [serve_state.find(args.name)]
+    done = []
+    for entry in targets:
+        clean = serve_state.stop(entry)
+        done.append({"name": entry.name, "clean": clean})
+        if not args.json:
+            how = "stopped" if clean else "killed (did not stop within the grace time)"
+            print(f"{entry.name}: {how}")
+    if args.json:
+        print(json.dumps(done, indent=2))
+    return 0
+
+
+def shell_cmd(args: argparse.Namespace) -> int:
+    from provision.hosts import module_for
+    from provision.serve import engine as serving
+
+    stack = _stack(args)
+    model_path = resolve_model(args.model)
+    model_name = f"{serving.model_alias(args.model, model_path)}.gguf" if model_path and args.model else None
+    if module_for(sys.platform) == "darwin":
+        from provision.hosts.darwin.backend import DarwinBackend
+
+        command = ["sh", "-c", "command -v bash >/dev/null && exec bash -i; exec sh -i"]
+        argv = DarwinBackend().guest_argv(
+            stack, args.gpu, model_path, command, args.route, interactive=True, model_name=model_name
+        )
+        return subprocess.run(argv, check=False).returncode
+    from provision.hosts.linux.shell import run_shell
+
+    return run_shell(stack, args.gpu, model_path, model_name, args.route, args.timeout)

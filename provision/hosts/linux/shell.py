@@ -1,0 +1,157 @@
+"""`provision shell` on Linux: an interactive shell in a guest, on the user's terminal.
+
+provision makes a pty pair; QEMU opens its slave as the guest's ttyS1 (VmSpec.terminal). The
+job, started by the guest's init like any `provision run` job (same devices, same env), makes
+ttyS1 its controlling terminal and execs ``bash -i``. provision copies bytes between its own
+terminal (in raw mode) and the pty master, so echo, line editing and Ctrl-C belong to the
+guest. Ctrl-] leaves at once (the guest is stopped), like telnet's escape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import select
+import shlex
+import shutil
+import sys
+import termios
+import threading
+import tty
+from collections.abc import Iterator
+from pathlib import Path
+
+from provision.core.catalog import Stack
+from provision.core.errors import VmFailed
+from provision.hosts.linux.backend import LinuxBackend
+from provision.serve import state as serve_state
+
+ESCAPE = b"\x1d"  # Ctrl-]
+GUEST_TTY = "/dev/ttyS1"
+
+
+def shell_command(term: str, rows: int, cols: int) -> list[str]:
+    """The guest command: ttyS1 becomes the controlling terminal of an interactive shell."""
+    if not re.fullmatch(r"[\w.+-]{1,64}", term):
+        term = "vt100"
+    script = (
+        f"exec <{GUEST_TTY} >{GUEST_TTY} 2>&1; stty sane rows {int(rows)} cols {int(cols)}; "
+        f'export TERM={shlex.quote(term)}; cd "$HOME"; '
+        "if command -v bash >/dev/null; then exec setsid -w -c bash -i; fi; exec setsid -w -c sh -i"
+    )
+    return ["sh", "-c", script]
+
+
+@contextlib.contextmanager
+def raw_terminal(fd: int) -> Iterator[None]:
+    """``fd`` in raw mode while inside (when it is a terminal), restored on every way out."""
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setraw(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+class Relay:
+    """Copies user input to the pty master and guest output to the user, in a thread."""
+
+    def __init__(self, master: int, stdin: int, stdout: int) -> None:
+        self.master, self.stdin, self.stdout = master, stdin, stdout
+        self.done = threading.Event()
+        self.escaped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="shell-relay", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        watch = [self.master, self.stdin]
+        while not self.done.is_set():
+            ready, _, _ = select.select(watch, [], [], 0.2)
+            if self.master in ready:
+                self._copy_out()
+            if self.stdin in ready:
+                data = os.read(self.stdin, 4096)
+                if not data:
+                    watch = [self.master]  # input ended; the guest's output still shows
+                elif ESCAPE in data:
+                    self.escaped.set()
+                    return
+                else:
+                    os.write(self.master, data)
+        self._copy_out()  # what the guest wrote last
+
+    def _copy_out(self) -> None:
+        while select.select([self.master], [], [], 0)[0]:
+            try:
+                data = os.read(self.master, 4096)
+            except OSError:
+                return
+            if not data:
+                return
+            os.write(self.stdout, data)
+
+    def stop(self) -> None:
+        self.done.set()
+        self._thread.join(timeout=5)
+
+
+def run_shell(
+    stack: Stack,
+    gpu: bool,
+    model_path: Path | None,
+    model_name: str | None,
+    route: str | None,
+    timeout: float | None,
+) -> int:
+    """The guest's shell on this terminal; returns the shell's exit status."""
+    master, slave = os.openpty()
+    stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
+    qemu_pid: list[int] = []
+    relay = Relay(master, stdin, stdout)
+
+    def say(text: str) -> None:  # the terminal is raw: end lines with CR LF
+        sys.stderr.write(f"provision: {text}\r\n")
+        sys.stderr.flush()
+
+    def started(pid: int, run_dir: Path) -> None:
+        qemu_pid.append(pid)
+        if relay.escaped.is_set():
+            serve_state.terminate(pid)
+
+    backend = LinuxBackend(terminal=os.ttyname(slave), log=say, on_start=started)
+    size = shutil.get_terminal_size((80, 24))
+    command = shell_command(os.environ.get("TERM", "vt100"), size.lines, size.columns)
+    say(f"shell in a {stack.name} guest{' with the GPU' if gpu else ''}; `exit` or Ctrl-] leaves")
+    watcher = threading.Thread(target=_stop_on_escape, args=(relay, qemu_pid), daemon=True)
+    try:
+        with raw_terminal(stdin):
+            relay.start()
+            watcher.start()
+            try:
+                result = backend.execute(stack, gpu, model_path, command, timeout, route, model_name=model_name)
+            except VmFailed:
+                if relay.escaped.is_set():
+                    say("left the shell (Ctrl-]); the guest was stopped")
+                    return 130
+                raise
+            finally:
+                relay.stop()
+        return result.exit_status
+    finally:
+        os.close(master)
+        os.close(slave)
+
+
+def _stop_on_escape(relay: Relay, qemu_pid: list[int]) -> None:
+    """Ctrl-] stops QEMU; the run's own cleanup then ends as on Ctrl-C."""
+    while not relay.done.is_set():
+        if relay.escaped.wait(0.5):
+            if qemu_pid:
+                serve_state.terminate(qemu_pid[0])
+            return
