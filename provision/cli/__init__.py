@@ -15,9 +15,6 @@ import importlib
 import json
 import os
 import sys
-import tempfile
-import time
-import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -68,7 +65,9 @@ class Parser(argparse.ArgumentParser):
         raise InvalidValue(f"{self.prog}: {message}", fix=f"see `{self.prog} --help` for what it takes")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, full: bool = True) -> argparse.ArgumentParser:
+    """The parser; with ``full=False`` only ``command`` (if any) gets its options, the others a
+    one-line entry, so a command's start-up imports only what that command's parser needs."""
     parser = Parser(
         prog="provision",
         description=DESCRIPTION,
@@ -80,8 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        importlib.import_module(f"{__name__}.{name}").register(sub)
+        module = importlib.import_module(f"{__name__}.{name}")
+        if full or command in module.COMMANDS:
+            module.register(sub)
+        else:
+            for entry, help_text in module.COMMANDS.items():
+                sub.add_parser(entry, help=help_text)
     return parser
+
+
+def _command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (the first word that is not an option), if any."""
+    return next((a for a in argv if not a.startswith("-")), None)
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -91,6 +100,10 @@ def _wants_json(argv: Sequence[str]) -> bool:
 
 def _crash_report(exc: BaseException) -> Path | None:
     """Write the traceback where the user can find it; the cache may be the very thing that is broken."""
+    import tempfile  # only on the rare path of a bug: start-up stays light
+    import time
+    import traceback
+
     text = "".join(traceback.format_exception(exc))
     name = f"provision-crash-{time.strftime('%Y%m%d-%H%M%S')}-{id(exc):x}.txt"
     for where in (_crash_dir, lambda: Path(tempfile.gettempdir())):
@@ -116,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signals.stop_on_signals()  # SIGTERM/SIGHUP unwind like Ctrl-C: children stopped, exit 128+N
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(_command_of(argv), full=False).parse_args(argv)
         want_json = want_json or bool(getattr(args, "json", False))
         return int(args.func(args) or 0)
     except ProvisionError as exc:

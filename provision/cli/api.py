@@ -10,15 +10,22 @@ import argparse
 import sys
 from pathlib import Path
 
-from provision.api import settings as api_settings
 from provision.cli.output import EXAMPLE_FORMAT, example
 from provision.core.errors import InvalidValue, WrongPlatform
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "api": "serve the HTTP execution API (POST /api/v1/execute) on this Linux host",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from provision.api import settings as api_settings
+
     p = sub.add_parser(
         "api",
-        help="serve the HTTP execution API (POST /api/v1/execute) on this Linux host",
+        help=COMMANDS["api"],
         epilog=example(
             "provision api --listen 127.0.0.1:8080 --max-vms 2",
             "curl -s -X POST http://127.0.0.1:8080/api/v1/execute -H 'content-type: application/json' "
@@ -46,6 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision.api import settings as api_settings
+
     if not sys.platform.startswith("linux"):
         raise WrongPlatform("provision api runs Linux guests (QEMU) and needs a Linux host")
     if args.max_vms < 1:

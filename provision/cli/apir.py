@@ -13,12 +13,19 @@ if TYPE_CHECKING:
     from provision.adapters.apir import ProbeResult
 
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "apir": "APIR (API remoting) host checks",
+}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.adapters.apir import ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG
 
     p = sub.add_parser(
         "apir",
-        help="APIR (API remoting) host checks",
+        help=COMMANDS["apir"],
         epilog=example("provision apir check --json", "provision apir protocol"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -10,11 +10,17 @@ from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 from provision.core import values
 from provision.core.errors import InvalidValue, VmFailed
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "bench": "benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmark a GPU stack: guest GPU vs guest CPU (gate: pp >= 2x) vs host native",
+        help=COMMANDS["bench"],
         epilog=example("provision bench llama-linux --model tiny-llama --out out/bench"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -8,11 +8,17 @@ from pathlib import Path
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 from provision.core import values
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "doctor": "check this host's GPU route (what is there, what is missing, the fix)",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "doctor",
-        help="check this host's GPU route (what is there, what is missing, the fix)",
+        help=COMMANDS["doctor"],
         epilog=example("provision doctor", "provision doctor --json"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -10,13 +10,19 @@ from typing import Any
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 from provision.core import values
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "ggml": "build ggml (APIR host backend, guest frontend) from the pinned source",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.apir import ggml as ggml_build
 
     p = sub.add_parser(
         "ggml",
-        help="build ggml (APIR host backend, guest frontend) from the pinned source",
+        help=COMMANDS["ggml"],
         epilog=example("provision ggml build --variant host"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -9,11 +9,17 @@ from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 from provision.core import values
 from provision.core.errors import InvalidValue
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "host-tools": "make the cached chroot with QEMU + virglrenderer (Linux route)",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "host-tools",
-        help="make the cached chroot with QEMU + virglrenderer (Linux route)",
+        help=COMMANDS["host-tools"],
         epilog=example("sudo provision host-tools", "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer"),
         formatter_class=EXAMPLE_FORMAT,
     )

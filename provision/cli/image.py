@@ -7,13 +7,18 @@ import sys
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example
-from provision.core import outputs, values
+
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "image": "render or build guest images",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "image",
-        help="render or build guest images",
+        help=COMMANDS["image"],
         epilog=example(
             "provision image llama-linux    (short for: image build llama-linux)",
             "provision image render llama --output out/llama",
@@ -50,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from provision.core import catalog, pins
+    from provision.core import catalog, outputs, pins
     from provision.images import build as images
 
     p = pins.default()
@@ -66,7 +71,7 @@ def run_render(args: argparse.Namespace) -> int:
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from provision.core import catalog
+    from provision.core import catalog, values
     from provision.images import build as images
     from provision.models.refs import check_name
 

@@ -17,6 +17,12 @@ from provision.cli.output import EXAMPLE_FORMAT, dumps, example
 from provision.core import values
 from provision.core.errors import WrongPlatform
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "launch": "start the podman machine (krunkit) on the venus or apir route (macOS)",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.adapters.podman_machine import DEFAULT_MACHINE
@@ -24,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "launch",
-        help="start the podman machine (krunkit) on the venus or apir route (macOS)",
+        help=COMMANDS["launch"],
         epilog=example("provision launch", "provision launch --route apir --dry-run"),
         formatter_class=EXAMPLE_FORMAT,
     )

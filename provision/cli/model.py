@@ -6,14 +6,19 @@ import argparse
 import sys
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
-from provision.core import outputs
 from provision.core.errors import ModelHashMismatch
+
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "model": "the model store: pull, list, verify, rm, path, synth",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "model",
-        help="the model store: pull, list, verify, rm, path, synth",
+        help=COMMANDS["model"],
         epilog=example("provision model synth tiny-llama", "provision model list"),
         formatter_class=EXAMPLE_FORMAT,
     )
@@ -233,6 +238,7 @@ def run_path(args: argparse.Namespace) -> int:
 
 
 def run_synth(args: argparse.Namespace) -> int:
+    from provision.core import outputs
     from provision.models import store as models
 
     output = outputs.output_path(args.output, "--output")

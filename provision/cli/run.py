@@ -17,11 +17,17 @@ from provision.cli.output import EXAMPLE_FORMAT, example
 from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "run": "run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "run",
-        help="run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+        help=COMMANDS["run"],
         epilog=example("provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -25,10 +25,20 @@ if TYPE_CHECKING:
     from provision.serve import engine
 
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "serve": "serve a model with llama-server (OpenAI-compatible) from a guest, on this host's loopback",
+    "ps": "list what `provision serve` runs",
+    "stop": "stop a served model (and its guest)",
+    "shell": "an interactive shell in a guest of STACK (same devices and env as run)",
+}
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="serve a model with llama-server (OpenAI-compatible) from a guest, on this host's loopback",
+        help=COMMANDS["serve"],
         epilog=example("provision serve llama-linux --model tiny-llama --gpu --detach"),
         formatter_class=EXAMPLE_FORMAT,
     )
@@ -50,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "ps",
-        help="list what `provision serve` runs",
+        help=COMMANDS["ps"],
         epilog=example("provision ps --json"),
         formatter_class=EXAMPLE_FORMAT,
     )
@@ -59,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "stop",
-        help="stop a served model (and its guest)",
+        help=COMMANDS["stop"],
         epilog=example("provision stop llama-linux-8080"),
         formatter_class=EXAMPLE_FORMAT,
     )
@@ -70,7 +80,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "shell",
-        help="an interactive shell in a guest of STACK (same devices and env as run)",
+        help=COMMANDS["shell"],
         epilog=example("provision shell llama-linux --gpu --model tiny-llama"),
         formatter_class=EXAMPLE_FORMAT,
     )

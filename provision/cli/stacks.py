@@ -6,11 +6,17 @@ import argparse
 
 from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
 
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "stacks": "list guest stacks",
+}
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "stacks",
-        help="list guest stacks",
+        help=COMMANDS["stacks"],
         epilog=example("provision stacks", "provision stacks --json"),
         formatter_class=EXAMPLE_FORMAT,
     )

@@ -321,7 +321,9 @@ def _load(path: Path, pins: pins_mod.Pins | None) -> Catalog:
     import yaml  # only where a catalog is read: `provision --help` should not pay for it
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's loader when PyYAML has it: the same safe subset, several times faster
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 - a safe loader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f":{mark.line + 1}:{mark.column + 1}" if mark else ""

@@ -80,3 +80,13 @@ def test_help_imports_no_domain_package() -> None:
              "provision.doctor")
     assert [m for m in loaded if m.startswith(heavy)] == []
     assert "provision.cli.model" in loaded  # the probe saw the command modules being loaded
+
+
+def test_the_light_parser_lists_the_same_commands_and_fully_builds_the_one_asked_for() -> None:
+    full = cli.build_parser()
+    light = cli.build_parser(None, full=False)
+    assert _subparsers(light).keys() == _subparsers(full).keys()
+    for name in _subparsers(full):
+        one = _subparsers(cli.build_parser(name, full=False))[name]
+        assert one.format_help() == _subparsers(full)[name].format_help(), name
+    assert cli._command_of(["--json", "stacks"]) == "stacks" and cli._command_of(["--version"]) is None
