@@ -44,7 +44,12 @@ def static_checks() -> list[Check]:
             f"QEMU -sandbox {isolation.SANDBOX_FULL} for CPU guests; {isolation.SANDBOX_GPU} for GPU guests "
             "(virglrenderer forks the render server from inside QEMU)",
         ),
-        Check("linux.isolation.network", "ok", "no NIC (-nic none): the guest has only lo and reaches no network"),
+        Check(
+            "linux.isolation.network",
+            "ok",
+            "no NIC (-nic none): the guest has only lo and reaches no network; serve alone forwards one port "
+            "(restrict=on user networking)",
+        ),
         Check(
             "linux.isolation.mounts",
             "ok",
