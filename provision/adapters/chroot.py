@@ -17,9 +17,11 @@ from pathlib import Path
 # What the script does, in order: mount the kernel file systems, bind the host
 # directories the program needs (kernel, disks, logs live in provision's cache, outside
 # the chroot), then exec chroot + env -i so the program sees only the environment given.
+# With a user, chroot drops to it (numeric uid:gid, supplementary groups) before the
+# program starts; the program never runs as root.
 _SETUP = r"""
 set -e
-root=$1; shift
+root=$1; user=$2; shift 2
 mount -t proc proc "$root/proc"
 mount -t sysfs sys "$root/sys"
 mount --rbind /dev "$root/dev"
@@ -29,6 +31,9 @@ while [ "$1" != "--" ]; do
   shift 2
 done
 shift
+if [ -n "$user" ]; then
+  exec chroot --userspec="${user%%/*}" --groups="${user#*/}" "$root" "$@"
+fi
 exec chroot "$root" "$@"
 """
 
@@ -41,11 +46,16 @@ class Chroot:
 
     root: Path
     binds: Mapping[Path, str] = field(default_factory=dict)
+    # (uid, gid, supplementary gids) the program runs as; None keeps root.
+    run_as: tuple[int, int, tuple[int, ...]] | None = None
 
     def with_binds(self, binds: Mapping[Path, str]) -> Chroot:
         merged = dict(self.binds)
         merged.update(binds)
-        return Chroot(self.root, merged)
+        return Chroot(self.root, merged, self.run_as)
+
+    def as_user(self, uid: int, gid: int, groups: Sequence[int] = ()) -> Chroot:
+        return Chroot(self.root, self.binds, (uid, gid, tuple(groups) or (gid,)))
 
     def inside(self, host_path: Path) -> str:
         """The path a program in the chroot uses for ``host_path`` (which must lie under a bind)."""
@@ -67,7 +77,16 @@ class Chroot:
             if not dst.startswith("/") or ".." in Path(dst).parts:
                 raise ValueError(f"bind target must be an absolute path without '..': {dst!r}")
             binds += [str(src.resolve()), dst]
+        user = ""
+        prefix: list[str] = []
+        if self.run_as is not None:
+            uid, gid, groups = self.run_as
+            user = f"{int(uid)}:{int(gid)}/" + ",".join(str(int(g)) for g in groups)
+            # no_new_privs survives the drop and every exec after it: a set-uid program in
+            # the tree cannot give the unprivileged program root back.
+            prefix = ["setpriv", "--no-new-privs"]
         return [
+            *prefix,
             "unshare",
             "--mount",
             "--propagation",
@@ -77,6 +96,7 @@ class Chroot:
             _SETUP,
             "krun-chroot",
             str(self.root.resolve()),
+            user,
             *binds,
             "--",
             "/usr/bin/env",

@@ -162,7 +162,9 @@ class VmSpec:
     display: str = "none"  # "egl-headless", "sdl" or "none"
     append_extra: tuple[str, ...] = field(default_factory=tuple)
     quiet: bool = True  # False shows the kernel's boot messages in console.log
-    forward: Forward | None = None  # None: the guest has no network device at all
+    # QEMU's seccomp filter (``-sandbox``); provision/core/isolation.py picks it. None: no filter.
+    sandbox: str | None = None
+    forward: Forward | None = None  # None: the guest has no network device at all (network_args)
     terminal: str | None = None  # a host tty (pty slave) for ttyS1 instead of the stdout file
 
 
@@ -182,6 +184,11 @@ def kernel_cmdline(spec: VmSpec) -> str:
     return " ".join([*parts, *spec.append_extra])
 
 
+def network_args(spec: VmSpec) -> list[str]:
+    """The guest's network: none at all (no NIC, so only ``lo`` inside) unless serve forwards a port."""
+    return ["-nic", "none"] if spec.forward is None else netdev_args(spec.forward)
+
+
 def argv(spec: VmSpec) -> list[str]:
     """The QEMU command line for ``spec`` (pure)."""
     accel = ["-accel", "kvm", "-cpu", "host"] if spec.accel == "kvm" else ["-accel", "tcg,thread=multi", "-cpu", "max"]
@@ -196,6 +203,9 @@ def argv(spec: VmSpec) -> list[str]:
         "-no-reboot",
         "-no-user-config",
     ]
+    if spec.sandbox:
+        out += ["-sandbox", spec.sandbox]
+    out += network_args(spec)
     if spec.gpu:
         # Venus maps host memory into the guest: the RAM must be a shareable memfd.
         out += [
@@ -217,8 +227,6 @@ def argv(spec: VmSpec) -> list[str]:
         backend = "serial" if cid == "out" and spec.terminal else "file"
         target = spec.terminal if backend == "serial" else path
         out += ["-chardev", f"{backend},id={cid},path={target}", "-serial", f"chardev:{cid}"]
-    if spec.forward is not None:
-        out += netdev_args(spec.forward)
     out += ["-kernel", spec.kernel, "-initrd", spec.initrd, "-append", kernel_cmdline(spec)]
     for i, d in enumerate((spec.root, *spec.drives)):
         ro = ",readonly=on" if d.readonly else ""

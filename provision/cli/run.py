@@ -1,17 +1,20 @@
-"""`provision run STACK [--gpu] [--route R] [--model NAME] [--timeout S] -- CMD…`.
+"""`provision run STACK [--gpu] [--route R] [--model NAME] [--timeout S] [--memory MIB] [--cpus N] -- CMD…`.
 
 Thin dispatcher: the host backend for this platform (provision.hosts.native_backend)
 does the work; GPU/route rules are the catalog's, so E007 is the same on every host.
+Every guest is bounded: run time, memory and CPUs have defaults and are range-checked
+(E003, provision/core/isolation.py) before anything starts.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 from pathlib import Path
 
 from provision.cli.output import EXAMPLE_FORMAT, example
-from provision.core import values
+from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -38,7 +41,22 @@ def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path, mounted read-only")
-    p.add_argument("--timeout", type=float, default=None, metavar="S")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=isolation.DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"stop the guest after S seconds (default {isolation.DEFAULT_TIMEOUT_S:g})",
+    )
+    p.add_argument("--memory", type=int, default=None, metavar="MIB", help="guest memory (default: the route's)")
+    p.add_argument("--cpus", type=int, default=None, metavar="N", help="guest CPUs (default: the route's)")
+    p.add_argument(
+        "--pids-limit",
+        type=int,
+        default=isolation.DEFAULT_PIDS,
+        metavar="N",
+        help=f"most processes in the container (macOS; default {isolation.DEFAULT_PIDS})",
+    )
 
 
 def split_command(args: argparse.Namespace) -> list[str]:
@@ -80,13 +98,27 @@ def resolve_model(ref: str | None) -> Path | None:
     return path
 
 
+def host_memory_mib() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+    except (ValueError, OSError):
+        return None
+
+
+def limits(args: argparse.Namespace) -> isolation.GuestLimits:
+    asked = isolation.GuestLimits(memory_mib=args.memory, cpus=args.cpus, timeout_s=args.timeout, pids=args.pids_limit)
+    return isolation.check_limits(asked, host_cpus=os.cpu_count() or 1, host_memory_mib=host_memory_mib())
+
+
 def run(args: argparse.Namespace) -> int:
     from provision.core import catalog
     from provision.hosts import native_backend
 
     cmd = split_command(args)
-    values.seconds(args.timeout, "--timeout")
+    bounds = limits(args)
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     model = resolve_model(args.model)  # verified (or refused) before any VM starts
-    return native_backend().run(stack, args.gpu, model, cmd, args.timeout, args.route)
+    backend = native_backend()
+    backend.limits = bounds
+    return backend.run(stack, args.gpu, model, cmd, bounds.timeout_s, args.route)

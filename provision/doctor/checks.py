@@ -19,14 +19,16 @@ from provision.apir import preflight as apir
 from provision.core import catalog, pins
 from provision.core.diagnostics import Check, DoctorContext, failed
 from provision.hosts.darwin.doctor import darwin_checks
+from provision.hosts.darwin.doctor_isolation import isolation_checks as darwin_isolation
 from provision.hosts.linux.doctor import linux_checks
+from provision.hosts.linux.doctor_isolation import isolation_checks as linux_isolation
 
 Provider = Callable[[DoctorContext], list[Check]]
 
 # "*" providers run on every platform, after the platform's own.
 CHECK_PROVIDERS: dict[str, list[Provider]] = {
-    "darwin": [darwin_checks],
-    "linux": [linux_checks, apir_host.doctor_checks],
+    "darwin": [darwin_checks, darwin_isolation],
+    "linux": [linux_checks, apir_host.doctor_checks, linux_isolation],
     "*": [apir.doctor_checks],
 }
 

@@ -16,11 +16,13 @@ from typing import Protocol, runtime_checkable
 
 from provision.core.catalog import Stack
 from provision.core.errors import WrongPlatform
+from provision.core.isolation import GuestLimits
 
 
 @runtime_checkable
 class HostBackend(Protocol):
     name: str
+    limits: GuestLimits  # memory/CPUs/pids for the guests `run` starts (provision/core/isolation.py)
 
     def run(
         self,

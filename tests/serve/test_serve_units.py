@@ -42,7 +42,8 @@ def spec(**kw: object) -> qemu.VmSpec:
 
 def test_a_guest_without_forward_has_no_network_device_at_all() -> None:
     argv = qemu.argv(spec())
-    assert not any("netdev" in a or "virtio-net" in a or a == "-nic" for a in argv)
+    assert not any("netdev" in a or "virtio-net" in a for a in argv)
+    assert argv.count("-nic") == 1 and argv[argv.index("-nic") + 1] == "none"  # isolation's explicit default
     assert "-nodefaults" in argv  # no default NIC either
 
 
@@ -51,6 +52,7 @@ def test_a_forward_is_restricted_user_networking_on_the_given_host_address_only(
     i = argv.index("-netdev")
     assert argv[i + 1] == "user,id=net0,restrict=on,ipv6=off,hostfwd=tcp:127.0.0.1:18080-:8080"
     assert argv[i + 2 : i + 4] == ["-device", "virtio-net-pci,netdev=net0"]
+    assert "-nic" not in argv  # the forward replaces the `-nic none` default
     with pytest.raises(ValueError):
         qemu.argv(spec(forward=qemu.Forward("localhost,hostfwd=tcp::1-:22", 1, 2)))
     with pytest.raises(ValueError):

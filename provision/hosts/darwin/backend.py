@@ -26,6 +26,7 @@ from provision.core.errors import (
     UnknownRoute,
     VersionSkew,
 )
+from provision.core.isolation import GuestLimits
 from provision.hosts.darwin import bundle as bundle_mod
 from provision.hosts.darwin import machine_state, versions
 from provision.hosts.darwin.bundle import KrunBundle
@@ -91,8 +92,9 @@ def newest_image(stack: Stack) -> str:
 class DarwinBackend:
     name = "darwin"
 
-    def __init__(self, krun: Path | None = None) -> None:
+    def __init__(self, krun: Path | None = None, limits: GuestLimits | None = None) -> None:
         self.krun = krun
+        self.limits = limits or GuestLimits()
 
     def plan(self, request: LaunchRequest, *, env: dict[str, str] | None = None) -> tuple[LaunchPlan, KrunBundle]:
         env = dict(os.environ) if env is None else env
@@ -175,6 +177,7 @@ class DarwinBackend:
             command=command,
             compat=pins.default().compat,
             image=newest_image(stack),
+            limits=self.limits,
             publish=publish,
             interactive=interactive,
             model_name=model_name,
@@ -200,6 +203,7 @@ class DarwinBackend:
             command=command,
             compat=pins.default().compat,
             image=newest_image(stack),
+            limits=self.limits,
         )
         try:
             proc = subprocess.run(list(plan.argv), timeout=timeout, check=False)

@@ -29,9 +29,10 @@ from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
+from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_option
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import bundle, companions, logs, slots, watchdog
+from provision.hosts.linux import bundle, companions, isolation, logs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
@@ -64,6 +65,8 @@ class LinuxBackend:
     extra_binds: dict[Path, str] = field(default_factory=dict)  # host dir -> path in the tools chroot
     # APIR: a dead host render worker leaves the guest spinning, so watch for it (watchdog.py).
     watch_workers: bool = False
+    # `provision run --memory/--cpus` (provision/core/isolation.py): where set, they replace the defaults above.
+    limits: GuestLimits = field(default_factory=GuestLimits)
     # provision serve / shell (provision/serve.py, provision/shell.py): a published port, a
     # terminal for ttyS1, a hook told QEMU's pid and the run dir, a bound wait for a GPU slot.
     forward: qemu.Forward | None = None
@@ -132,7 +135,7 @@ class LinuxBackend:
         run_dir = _new_run_dir()
         job = job_script(stack, command, guest_model, gpu)
         vmdisk.write_job_disk(job, run_dir / "job.img")
-        deadline = time.monotonic() + (timeout if timeout is not None else 24 * 3600)
+        deadline = time.monotonic() + (timeout if timeout is not None else DEFAULT_TIMEOUT_S)
         out = stdout or sys.stdout.buffer
         err = stderr or sys.stderr.buffer
         procs.clean_leftovers(self.log)  # a killed provision's guests must not hold slots
@@ -180,6 +183,7 @@ class LinuxBackend:
             drives.append(qemu.Drive(where(model_disk), "krun-model"))
         display = "egl-headless" if gpu and _has_render_node() else ("sdl" if gpu else "none")
         accel = accel_mod.host_accelerator()
+        chroot, user = isolation.drop(tools.root, chroot, run_dir, accel=accel, gpu=gpu, terminal=self.terminal)
         spec = qemu.VmSpec(
             kernel=where(root.kernel),
             initrd=where(root.initrd),
@@ -189,18 +193,19 @@ class LinuxBackend:
             stdout_log=where(run_dir / "stdout.log"),
             stderr_log=where(run_dir / "stderr.log"),
             accel=accel,
-            memory_mib=self.gpu_memory_mib if gpu else self.memory_mib,
-            cpus=self.cpus,
+            memory_mib=self.limits.memory_mib or (self.gpu_memory_mib if gpu else self.memory_mib),
+            cpus=self.limits.cpus or self.cpus,
             gpu=gpu,
             hostmem_mib=stack.gpu_vram_mib or 2048,
             display=display,
             quiet=os.environ.get("PROVISION_GUEST_DEBUG") != "1",
+            sandbox=sandbox_option(gpu),
             forward=self.forward,
             terminal=self.terminal,
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
-        env = {"HOME": "/root", "XDG_RUNTIME_DIR": "/tmp", **self.qemu_env}
+        env = {"HOME": user.home if user else "/root", "XDG_RUNTIME_DIR": "/tmp", **self.qemu_env}
         x: xvfb.Xvfb | None = None
         proc: subprocess.Popen[bytes] | None = None
         started = time.monotonic()
@@ -223,6 +228,7 @@ class LinuxBackend:
                 )
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
+                + isolation.log_fields(x.pid if x else None, user)
             )
             if self.on_start is not None:
                 self.on_start(proc.pid, run_dir)

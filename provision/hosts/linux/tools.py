@@ -35,6 +35,7 @@ from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
 from provision.core.paths import cache_dir
 from provision.hosts.linux import bundle_archive as bundle_mod
+from provision.hosts.linux import guest_user
 
 ENV_VAR = "PROVISION_HOST_TOOLS"
 READY_STAMP = ".provision-host-tools.json"
@@ -256,6 +257,8 @@ def make(
         wanted = [f"{name}={version}" for name, version in spec.items()]
         _run(ch.argv(["apt-get", "install", "-y", "-q", *wanted], env), log)
         _run(ch.argv(["apt-get", "clean"], env), log)
+        # QEMU, the render server and Xvfb drop to this user (guest_user.py); runs add it to older trees.
+        guest_user.ensure_user(partial)
         (partial / READY_STAMP).write_text(
             json.dumps({"suite": suite, "packages": spec, "key": cache_key(pins)}, indent=2)
         )

@@ -44,7 +44,9 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
         "apir.backend",
         "apir.protocol",
         "linux.apir.route",  # the test's cache is empty: the Linux APIR route is not set up
-    }
+    } | {f"linux.isolation.{k}" for k in ("sandbox", "network", "mounts", "limits", "user")}
+    # No tools chroot in this cache: a root provision could not drop privileges, and says so.
+    assert by_id["linux.isolation.user"]["status"] == ("warn" if os.geteuid() == 0 else "ok")
     assert by_id["linux.apir.route"]["status"] == "skip"
     # The APIR checks run on every platform: skipped unless the hypervisor's APIR env is set.
     if not os.environ.get("VIRGL_APIR_BACKEND_LIBRARY"):

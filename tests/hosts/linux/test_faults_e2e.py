@@ -171,8 +171,11 @@ def reaper_of(pid: int) -> int:
 EXPECTED = {"SIGINT": 130, "SIGTERM": 143, "SIGHUP": 129, "SIGKILL": -9}
 
 
-def fault_case(lane: Lane, target: str, sig: str) -> dict[str, object]:
-    """One GPU run brought up to Venus, then ``sig`` to ``target``; returns the measured outcome."""
+def fault_case(
+    lane: Lane, target: str, sig: str, before: Callable[[dict[str, int]], None] | None = None
+) -> dict[str, object]:
+    """One GPU run brought up to Venus, then ``sig`` to ``target`` (``before`` sees the pids first); returns the
+    measured outcome."""
     w = Watched(lane.provision("run", "llama-linux", "--gpu", "--timeout", "1500", "--", "sh", "-c", GUEST))
     w.wait_for(lambda: "qemu pid=" in w.err, 300, "QEMU start")
     qemu = int(re.search(r"qemu pid=(\d+)", w.err).group(1))  # type: ignore[union-attr]
@@ -190,6 +193,8 @@ def fault_case(lane: Lane, target: str, sig: str) -> dict[str, object]:
         "render-server": recs["render-server"].pid,
     }
     groups = {r.pgid for r in recs.values()}
+    if before is not None:
+        before(pids)
     # QEMU itself holds the GPU slot's lock: the slot lives exactly as long as the guest.
     assert any("gpu-slots/slot-" in os.readlink(f) for f in map(str, Path(f"/proc/{qemu}/fd").iterdir()))
     sent = time.monotonic()
@@ -317,6 +322,27 @@ def test_fault_matrix_every_way_of_stopping_a_gpu_run_leaves_nothing_and_the_nex
         if e is not None:
             raise e
 
+
+
+def _user_of(pid: int) -> tuple[set[str], str]:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return set(status["Uid"].split()) | set(status["Gid"].split()), status["NoNewPrivs"].strip()
+
+
+def test_sigkill_to_a_root_provision_stops_its_sandboxed_qemu_xvfb_and_render_server(
+    tmp_path: Path, shared: tuple[Path, Path]
+) -> None:
+    """The privilege drop clears PDEATHSIG: the reaper (root) alone must stop the krun-guest processes."""
+    assert os.geteuid() == 0, "the Linux route enters its tools chroot as root (CI runs it under sudo)"
+    lane = make_lane(tmp_path / "lane", shared)
+
+    def unprivileged(pids: dict[str, int]) -> None:
+        for name in ("qemu", "xvfb", "render-server"):
+            ids, no_new_privs = _user_of(pids[name])
+            assert "0" not in ids and no_new_privs == "1", (name, ids, no_new_privs)
+
+    fault_case(lane, "provision", "SIGKILL", before=unprivileged)
+    print("sandboxed SIGKILL:", json.dumps(lane.results))
 
 HOLDER = """
 import subprocess

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.core import catalog
+from provision.core import catalog, isolation
 from provision.hosts.linux import backend as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
@@ -130,14 +130,108 @@ def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tm
 
 
 def test_guest_without_gpu_has_no_dri_reads_model_and_propagates_exit_status(image: None, model: Path) -> None:
-    script = 'ls /dev/dri; echo "model=$MODEL"; test -s "$MODEL" && echo model-readable; touch "$MODEL" 2>&1; exit 7'
+    script = (
+        'ls /dev/dri; echo "model=$MODEL"; test -s "$MODEL" && echo model-readable; touch "$MODEL" 2>&1; '
+        'echo "@@net $(ls /sys/class/net)"; exit 7'
+    )
     proc = provision("run", "llama-linux", "--model", str(model), "--timeout", "600", "--", "sh", "-c", script)
     assert proc.returncode == 7, proc.stderr[-2000:]
     assert "/dev/dri" in proc.stderr and "No such file or directory" in proc.stderr
     assert "model=/models/" in proc.stdout
     assert "model-readable" in proc.stdout
     assert "Read-only file system" in proc.stdout
+    assert "@@net lo\n" in proc.stdout  # no NIC: loopback only
+    argv = (run_dir(proc.stderr) / "qemu.argv").read_text()
+    assert f"-sandbox {isolation.SANDBOX_FULL} -nic none" in argv
     assert gone(qemu_pid(proc.stderr))
+
+
+def run_dir(stderr: str) -> Path:
+    m = re.search(r" run=(\S+)", stderr)
+    assert m, stderr[-800:]
+    return Path(m.group(1))
+
+
+def status_of(pid: int) -> dict[str, str]:
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text()
+    except OSError:
+        return ""
+
+
+def children(pid: int) -> list[int]:
+    """Every live descendant of ``pid``."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        found += kids
+        todo += kids
+    return found
+
+
+def test_gpu_guest_runs_sandboxed_as_a_user_with_no_network_and_a_read_only_root(image: None) -> None:
+    assert os.geteuid() == 0, "the Linux route enters its tools chroot as root (CI runs it under sudo)"
+    script = (
+        'vulkaninfo --summary 2>&1 | grep driverID; echo "@@net $(ls /sys/class/net)"; '
+        "(echo x > /krun-probe) 2>&1 || echo root-write-refused; echo @@ready; sleep 30"
+    )
+    run = ["run", "llama-linux", "--gpu", "--timeout", "900", "--", "sh", "-c", script]
+    p = subprocess.Popen(
+        [sys.executable, "-m", "provision", *run],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+    assert p.stdout is not None and p.stderr is not None
+    log = ""
+    while "qemu pid=" not in log:  # lines before it (e.g. a leftover stopped) are kept for the messages
+        line = p.stderr.readline()
+        if not line:
+            break
+        log += line
+    out = ""
+    while "@@ready" not in out:
+        line = p.stdout.readline()
+        if not line:
+            break
+        out += line
+    try:
+        qemu = qemu_pid(log)
+        m = re.search(r"xvfb pid=(\d+)", log)
+        assert m, log
+        owned = {"qemu": qemu, "xvfb": int(m.group(1))}
+        # The render server and its workers (virgl_render_server, virgl-N-gpu_render…).
+        servers = [c for c in children(qemu) if comm(c).startswith("virgl")]
+        assert servers, f"no render server under QEMU {qemu}: {out}"
+        owned.update({f"render-server-{c}": c for c in servers})
+        for what, pid in owned.items():
+            st = status_of(pid)
+            uids, gids = st["Uid"].split(), st["Gid"].split()
+            assert "0" not in uids and "0" not in gids, f"{what} (pid {pid}) runs as {st['Uid']} / {st['Gid']}"
+            assert st["NoNewPrivs"] == "1" and int(st["CapEff"], 16) == 0, (what, st["NoNewPrivs"], st["CapEff"])
+    finally:
+        rest, err = p.communicate(timeout=600)
+    assert p.returncode == 0, log + err[-2000:]
+    assert "DRIVER_ID_MESA_VENUS" in out, out
+    assert "@@net lo\n" in out
+    assert "Read-only file system" in out and "root-write-refused" in out
+    argv = (run_dir(log) / "qemu.argv").read_text()
+    assert f"-sandbox {isolation.SANDBOX_GPU} -nic none" in argv
+
 
 
 def test_timeout_stops_and_reaps_qemu(image: None) -> None:
