@@ -167,7 +167,7 @@ class DarwinBackend:
         model_name: str | None = None,
         machine: str = podman_machine.DEFAULT_MACHINE,
     ) -> list[str]:
-        """`podman run` for serve (a published port) and shell (``-it``), after the run's checks."""
+        """`podman run` for run, serve (a published port) and shell (``-it``), after the run's checks."""
         chosen = self.checked_route(stack, gpu, route, machine)
         plan = plan_run(
             stack,
@@ -194,19 +194,9 @@ class DarwinBackend:
         route: str | None,
         machine: str = podman_machine.DEFAULT_MACHINE,
     ) -> int:
-        chosen = self.checked_route(stack, gpu, route, machine)
-        plan = plan_run(
-            stack,
-            gpu=gpu,
-            route=chosen,
-            model_path=model_path,
-            command=command,
-            compat=pins.default().compat,
-            image=newest_image(stack),
-            limits=self.limits,
-        )
+        argv = self.guest_argv(stack, gpu, model_path, command, route, machine=machine)
         try:
-            proc = subprocess.run(list(plan.argv), timeout=timeout, check=False)
+            proc = subprocess.run(argv, timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             raise RunTimeout(
                 f"{' '.join(command)} did not finish within {timeout} s",
