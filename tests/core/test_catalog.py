@@ -96,7 +96,7 @@ def test_unknown_key_names_its_path(tmp_path):
             "stacks.cpu.verify[0]",
             "true && reboot",
         ),
-        (lambda d: d["stacks"]["cpu"]["packages"].append("not-pinned-pkg"), "stacks.cpu.packages[2]", "not-pinned-pkg"),
+        (lambda d: d["stacks"]["cpu"]["packages"].append("not-pinned-pkg"), "stacks.cpu.packages[3]", "not-pinned-pkg"),
         (
             lambda d: d["stacks"]["cpu"].__setitem__("boot", {"packages": ["kmod"], "modules": ["ext4;x"]}),
             "stacks.cpu.boot.modules[0]",
@@ -142,3 +142,13 @@ def test_every_module_the_guest_init_loads_is_kept_in_the_vm_images():
     for stack in catalog.load().stacks.values():
         if stack.boot is not None:
             assert loaded <= set(stack.boot.modules), (stack.name, sorted(loaded - set(stack.boot.modules)))
+
+
+def test_the_tool_that_brings_up_serves_nic_is_in_every_vm_image():
+    # The kernel and initramfs-tools live in a build stage of their own, so klibc's ipconfig
+    # must come from the runtime packages; without it a served guest has no network.
+    init = (Path(catalog.__file__).resolve().parents[1] / "data" / "guest" / "init").read_text()
+    assert "/usr/lib/klibc/bin/ipconfig" in init
+    for stack in catalog.load().stacks.values():
+        if stack.boot is not None:
+            assert {"klibc-utils", "iproute2"} & set(stack.packages), stack.name
