@@ -237,9 +237,8 @@ def stop_records(recs: Iterable[Record], grace_s: float = 3.0) -> None:
             time.sleep(0.05)
 
 
-def finish(proc: subprocess.Popen[Any], run_dir: Path, grace_s: float = 3.0) -> None:
-    """Stop one child we spawned and everything in its process group, reap it, drop its record."""
-    rec = record_of(proc.pid, run_dir)
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM, wait, SIGKILL, reap: the pid never outlives this call (its group is finish's job)."""
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
@@ -248,6 +247,12 @@ def finish(proc: subprocess.Popen[Any], run_dir: Path, grace_s: float = 3.0) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def finish(proc: subprocess.Popen[Any], run_dir: Path, grace_s: float = 3.0) -> None:
+    """Stop one child we spawned and everything in its process group, reap it, drop its record."""
+    rec = record_of(proc.pid, run_dir)
+    stop_process(proc, grace_s)
     if rec is not None and group_members(rec.pgid):
         stop_records([rec], grace_s=1.0)
     forget(proc.pid, run_dir)

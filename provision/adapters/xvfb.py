@@ -7,10 +7,8 @@ itself (``-displayfd``) so concurrent runs never race for a number.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import select
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,18 +33,6 @@ class Xvfb:
 
     def stop(self) -> None:
         procs.finish(self.process, self.run_dir)
-
-
-def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """SIGTERM, wait, SIGKILL, reap: the pid never outlives this call."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def start(

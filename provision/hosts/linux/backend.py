@@ -276,14 +276,14 @@ def _watch(
             for line in lines[seen_lines:]:
                 death = watchdog.classify(line)
                 if death is not None:
-                    xvfb.stop_process(proc, grace_s=2.0)
+                    procs.stop_process(proc, grace_s=2.0)
                     raise death.error()
             seen_lines = len(lines)
             if progressed:
                 workers.progress()
             death = workers.poll(time.monotonic())
             if death is not None:
-                xvfb.stop_process(proc, grace_s=2.0)
+                procs.stop_process(proc, grace_s=2.0)
                 raise death.error()
         if proc.poll() is not None:
             break
@@ -292,7 +292,7 @@ def _watch(
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
         cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
         if cancelled or time.monotonic() >= deadline:
-            xvfb.stop_process(proc, grace_s=2.0)
+            procs.stop_process(proc, grace_s=2.0)
             for s in streams:
                 s.pump()
             if cancelled:
@@ -305,7 +305,7 @@ def _watch(
     try:
         proc.wait(timeout=15)
     except subprocess.TimeoutExpired:
-        xvfb.stop_process(proc, grace_s=2.0)
+        procs.stop_process(proc, grace_s=2.0)
     for s in streams:
         s.pump()
     if status is None:
