@@ -49,6 +49,10 @@ class Api:
             parsed = text
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, parsed
 
+    def tail(self, lines: int = 80) -> str:
+        """The server's last log lines, for an assertion message: a 500 names a job whose traceback is there."""
+        return "".join(self.log[-lines:])
+
     def execute(self, body: dict[str, Any]) -> tuple[int, dict[str, str], Any]:
         return self.request("POST", "/api/v1/execute", body)
 

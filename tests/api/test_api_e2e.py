@@ -55,7 +55,7 @@ def test_three_gpu_jobs_two_run_at_once_the_third_after_one_ends(api: Api) -> No
         answers = list(pool.map(lambda _: api.execute(job), range(3)))
     results = []
     for status, _, body in answers:
-        assert status == 200, body
+        assert status == 200, (body, api.tail())
         assert body["exit_code"] == 0, body["stderr"][-2000:]
         assert VENUS.match(body["device"] or ""), body["device"]
         assert "DRIVER_ID_MESA_VENUS" in body["stdout"]
@@ -158,7 +158,7 @@ def test_ten_cpu_jobs_with_max_vms_2_all_complete_two_at_a_time(guests: None) ->
             answers = list(pool.map(lambda _: small.execute(job), range(10)))
     bodies: list[dict[str, Any]] = []
     for status, _, body in answers:
-        assert status == 200 and body["exit_code"] == 0, body
+        assert status == 200 and body["exit_code"] == 0, (body, api.tail())
         # the guest has no network: only the loopback interface
         assert body["stdout"].split()[0] == "lo" and body["device"] == "cpu"
         bodies.append(body)

@@ -10,6 +10,7 @@ reaped on every path out; started by adapters/procs.py, they also die with a kil
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -38,6 +39,8 @@ from provision.hosts.linux import tools as host_tools
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
 KEEP_RUNS = 20
+FINISHED = "finished"  # written into a run directory once its processes are stopped
+ABANDONED_AFTER_S = 24 * 3600
 # Where the run's files appear inside the host-tools chroot.
 IN_CHROOT = {"run": "/mnt/krun/run", "vm": "/mnt/krun/vm", "model": "/mnt/krun/model"}
 
@@ -244,6 +247,8 @@ class LinuxBackend:
             if x is not None:
                 x.stop()
             procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
+            with contextlib.suppress(OSError):  # a full disk must not hide why the run ended
+                (run_dir / FINISHED).touch()
             _prune_runs()
 
 
@@ -340,11 +345,28 @@ def _new_run_dir() -> Path:
 
 
 def _prune_runs() -> None:
+    """Keep the newest KEEP_RUNS finished runs.
+
+    Other jobs prune at the same moment (API threads, other `provision` processes), so a run may
+    vanish between listing and looking at it. A run without its FINISHED mark may be a job still
+    waiting for a GPU slot (its job disk is already there): it stays, unless nothing of it is
+    recorded as running and it is older than a day (a provision killed before it could finish).
+    """
     base = cache_dir("runs")
-    runs = sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
-    for old in runs[:-KEEP_RUNS]:
-        if not procs.records(old):  # a run whose processes are still recorded is not finished
-            shutil.rmtree(old, ignore_errors=True)
+    now = time.time()
+    finished: list[tuple[float, Path]] = []
+    for run in base.iterdir():
+        try:
+            mtime = run.stat().st_mtime
+            if (run / FINISHED).exists():
+                finished.append((mtime, run))
+            elif now - mtime > ABANDONED_AFTER_S and not procs.records(run):
+                shutil.rmtree(run, ignore_errors=True)
+        except OSError:
+            continue  # pruned by another job just now
+    finished.sort()
+    for _, old in finished[: max(len(finished) - KEEP_RUNS, 0)]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def image_for(stack: Stack) -> tuple[str, str]:

@@ -33,6 +33,7 @@ from provision.core import catalog
 from provision.hosts.linux import backend as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
+from tests.helpers import catalog_file_with
 
 pytestmark = pytest.mark.slow
 
@@ -241,17 +242,24 @@ def final_run(lane: Lane) -> dict[str, object]:
 
 
 def kill_image_build(lane: Lane) -> None:
-    """SIGKILL `image build llama-linux` while podman works; nothing of it may run on."""
-    w = Watched(lane.provision("image", "build", "llama-linux"))
+    """SIGKILL `image build llama-linux` while podman works; nothing of it may run on.
+
+    With warm caches every layer of the real stack is cached and podman is done in under a second,
+    so the build's catalog adds one verify step no cache has seen (a fresh token in it) that takes
+    a minute: the kill lands in a podman build that is running a step, every time."""
+    token = f"{os.getpid()}-{time.time_ns()}"
+    slow_step = catalog_file_with(
+        lane.cache, lambda d: d["stacks"]["llama-linux"]["verify"].append(f"sleep 60 && echo {token}")
+    )
+    w = Watched(lane.provision("image", "build", "llama-linux", "--catalog", str(slow_step)))
     jobs = lane.cache / "jobs"
     found: list[procs.Record] = []
 
-    def building() -> bool:
+    def in_slow_step() -> bool:
         found[:] = [r for d in jobs.glob("*") for r in procs.records(d) if r.name == "podman-build"]
-        return bool(found)
+        return bool(found) and f"RUN sleep 60 && echo {token}" in w.err + w.out
 
-    w.wait_for(building, 300, "podman build")
-    time.sleep(0.3)  # a build whose layers are all cached still takes seconds
+    w.wait_for(in_slow_step, 600, "podman build at its uncached step")
     (rec,) = found
     assert rec.alive(), "podman build ended before it could be killed"
     w.proc.kill()
