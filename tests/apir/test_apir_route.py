@@ -145,14 +145,18 @@ def test_a_new_worker_after_an_exit_means_the_guest_moved_on(tmp_path):
         first = list(watch.seen)
         assert first
         subprocess.run(["kill", "-9", str(first[0])], check=True)
-        time.sleep(0.2)
+        deadline = time.monotonic() + 20  # until the root has reaped it (a zombie still counts)
+        while first[0] in watchdog.descendants(root.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         watch.poll(0.5)
         assert watch.pending is not None
         flag.touch()
-        deadline = time.monotonic() + 5
-        while not watchdog.descendants(root.pid) and time.monotonic() < deadline:
+        # Wait for the second worker itself (not the first one's zombie): under load the root
+        # may take a while to start it.
+        deadline = time.monotonic() + 20
+        while not (set(watchdog.descendants(root.pid)) - set(first)) and time.monotonic() < deadline:
             time.sleep(0.05)
-        time.sleep(0.2)
+        assert set(watchdog.descendants(root.pid)) - set(first), "the second worker never started"
         assert watch.poll(0.7) is None and watch.pending is None
         assert watch.poll(10.0) is None
     finally:

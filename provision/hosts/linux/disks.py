@@ -131,11 +131,14 @@ KEEP_DISKS = 4
 
 def _prune_disks(keep: Path) -> None:
     """Old root disks (other images, older inits) are 1-2 GB each: keep the newest few."""
-    disks = sorted(
-        (d for d in cache_dir("vm-disks").iterdir() if d.is_dir() and (d / "disk.json").is_file() and d != keep),
-        key=lambda d: d.stat().st_mtime,
-        reverse=True,
-    )
+    dated = []
+    for d in cache_dir("vm-disks").iterdir():
+        try:  # another provision may prune the same disk at this moment
+            if d.is_dir() and (d / "disk.json").is_file() and d != keep:
+                dated.append((d.stat().st_mtime, d))
+        except OSError:
+            continue
+    disks = [d for _, d in sorted(dated, reverse=True)]
     for old in disks[KEEP_DISKS - 1 :]:
         with FileLock(str(old) + ".lock"):
             shutil.rmtree(old, ignore_errors=True)
