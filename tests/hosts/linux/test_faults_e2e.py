@@ -245,19 +245,17 @@ def kill_image_build(lane: Lane) -> None:
     """SIGKILL `image build llama-linux` while podman works; nothing of it may run on.
 
     With warm caches every layer of the real stack is cached and podman is done in under a second,
-    so the build's catalog adds one verify step no cache has seen (a fresh token in it) that takes
+    so the build's catalog adds one verify step no cache has seen (a fresh number in it) that takes
     a minute: the kill lands in a podman build that is running a step, every time."""
-    token = f"{os.getpid()}-{time.time_ns()}"
-    slow_step = catalog_file_with(
-        lane.cache, lambda d: d["stacks"]["llama-linux"]["verify"].append(f"sleep 60 && echo {token}")
-    )
+    step = f"sleep 60 0.{os.getpid()}{time.time_ns()}"  # sleep adds its arguments: a minute, a new layer
+    slow_step = catalog_file_with(lane.cache, lambda d: d["stacks"]["llama-linux"]["verify"].append(step))
     w = Watched(lane.provision("image", "build", "llama-linux", "--catalog", str(slow_step)))
     jobs = lane.cache / "jobs"
     found: list[procs.Record] = []
 
     def in_slow_step() -> bool:
         found[:] = [r for d in jobs.glob("*") for r in procs.records(d) if r.name == "podman-build"]
-        return bool(found) and f"RUN sleep 60 && echo {token}" in w.err + w.out
+        return bool(found) and f"RUN {step}" in w.err + w.out
 
     w.wait_for(in_slow_step, 600, "podman build at its uncached step")
     (rec,) = found
