@@ -22,8 +22,10 @@ def user_check(euid: int, tools_root: Path | None, is_chroot: bool) -> Check:
         return Check(
             cid,
             "warn",
-            "provision is root and uses the host's own QEMU: QEMU, the render server and Xvfb run as root",
-            fix="run `provision host-tools` (the chroot lets them drop to the unprivileged krun-guest user)",
+            "provision is root and its host tools are not a chroot (the host's own QEMU, or a `--from` bundle): "
+            "QEMU, the render server and Xvfb run as root",
+            fix="run provision as a normal user (the host's QEMU and a bundle need no root), "
+            "or use `provision host-tools` (its chroot drops them to the unprivileged krun-guest user)",
         )
     ids = guest_user.user_in_tree(tools_root)
     who = f"uid {ids[0]}, gid {ids[1]}" if ids else "added at the next run"
