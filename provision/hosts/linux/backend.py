@@ -10,12 +10,10 @@ reaped on every path out; started by adapters/procs.py, they also die with a kil
 
 from __future__ import annotations
 
-import contextlib
 import io
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,16 +29,12 @@ from provision.core import catalog
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_option
-from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import bundle, companions, isolation, logs, slots, watchdog
+from provision.hosts.linux import bundle, companions, isolation, logs, run_dirs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
-KEEP_RUNS = 20
-FINISHED = "finished"  # written into a run directory once its processes are stopped
-ABANDONED_AFTER_S = 24 * 3600
 # Where the run's files appear inside the host-tools chroot.
 IN_CHROOT = {"run": "/mnt/krun/run", "vm": "/mnt/krun/vm", "model": "/mnt/krun/model"}
 
@@ -135,7 +129,7 @@ class LinuxBackend:
         root = bundle.root_disk_for(tools, stack) or self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
         model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
-        run_dir = _new_run_dir()
+        run_dir = run_dirs.new()
         job = job_script(stack, command, guest_model, gpu)
         vmdisk.write_job_disk(job, run_dir / "job.img")
         deadline = time.monotonic() + (timeout if timeout is not None else DEFAULT_TIMEOUT_S)
@@ -247,9 +241,8 @@ class LinuxBackend:
             if x is not None:
                 x.stop()
             procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
-            with contextlib.suppress(OSError):  # a full disk must not hide why the run ended
-                (run_dir / FINISHED).touch()
-            _prune_runs()
+            run_dirs.finished(run_dir)
+            run_dirs.prune()
 
 
 def _watch(
@@ -335,38 +328,6 @@ def job_script(stack: Stack, command: Sequence[str], model_name: str | None, gpu
     lines = ["# written by provision run"] + [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     lines.append("exec " + shlex.join(command))
     return "\n".join(lines) + "\n"
-
-
-def _new_run_dir() -> Path:
-    base = cache_dir("runs")
-    d = base / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    d.mkdir()
-    return d
-
-
-def _prune_runs() -> None:
-    """Keep the newest KEEP_RUNS finished runs.
-
-    Other jobs prune at the same moment (API threads, other `provision` processes), so a run may
-    vanish between listing and looking at it. A run without its FINISHED mark may be a job still
-    waiting for a GPU slot (its job disk is already there): it stays, unless nothing of it is
-    recorded as running and it is older than a day (a provision killed before it could finish).
-    """
-    base = cache_dir("runs")
-    now = time.time()
-    finished: list[tuple[float, Path]] = []
-    for run in base.iterdir():
-        try:
-            mtime = run.stat().st_mtime
-            if (run / FINISHED).exists():
-                finished.append((mtime, run))
-            elif now - mtime > ABANDONED_AFTER_S and not procs.records(run):
-                shutil.rmtree(run, ignore_errors=True)
-        except OSError:
-            continue  # pruned by another job just now
-    finished.sort()
-    for _, old in finished[: max(len(finished) - KEEP_RUNS, 0)]:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def image_for(stack: Stack) -> tuple[str, str]:

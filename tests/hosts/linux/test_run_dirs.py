@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.hosts.linux import backend
+from provision.hosts.linux import run_dirs
 
 
 def make_run(base: Path, name: str, age_s: float, finished: bool) -> Path:
@@ -19,7 +19,7 @@ def make_run(base: Path, name: str, age_s: float, finished: bool) -> Path:
     run.mkdir(parents=True)
     (run / "job.img").write_bytes(b"\0" * 512)
     if finished:
-        (run / backend.FINISHED).touch()
+        (run / run_dirs.FINISHED).touch()
     stamp = time.time() - age_s
     os.utime(run, (stamp, stamp))
     return run
@@ -31,11 +31,11 @@ def runs(empty_cache: Path) -> Path:
 
 
 def test_keeps_the_newest_finished_runs_and_a_run_still_waiting_for_its_slot(runs: Path) -> None:
-    finished = [make_run(runs, f"f{i:02}", age_s=3600 - i, finished=True) for i in range(backend.KEEP_RUNS + 5)]
+    finished = [make_run(runs, f"f{i:02}", age_s=3600 - i, finished=True) for i in range(run_dirs.KEEP_RUNS + 5)]
     waiting = make_run(runs, "waiting", age_s=7200, finished=False)  # older than all, still in its slot queue
     abandoned = make_run(runs, "abandoned", age_s=2 * 86400, finished=False)  # its provision was killed
 
-    backend._prune_runs()
+    run_dirs.prune()
 
     left = {p.name for p in runs.iterdir()}
     assert left == {p.name for p in finished[5:]} | {waiting.name}
@@ -52,7 +52,7 @@ def test_jobs_pruning_at_once_never_raise(runs: Path) -> None:
     def prune() -> None:
         go.wait()
         try:
-            backend._prune_runs()
+            run_dirs.prune()
         except BaseException as exc:  # noqa: BLE001 - the test reports whatever escaped
             errors.append(exc)
 
@@ -62,4 +62,4 @@ def test_jobs_pruning_at_once_never_raise(runs: Path) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    assert len(list(runs.iterdir())) == backend.KEEP_RUNS
+    assert len(list(runs.iterdir())) == run_dirs.KEEP_RUNS
