@@ -9,6 +9,9 @@ Variants:
           that tests and `provision apir check` drive.
   vulkan  host side + libggml-vulkan (needs libvulkan-dev and glslc).
   cuda    host side + libggml-cuda, FlashAttention on (needs nvcc).
+  cuda-tools  the cuda variant's libraries built the same way, plus the host's own llama-bench
+          and test-backend-ops on CUDA (libllama, the CPU+CUDA registry libggml): the native
+          side of a remoting comparison, from the same objects the APIR backend loads.
   guest   the ggml-virtgpu frontend and llama-bench, as the guest image builds them
           (needs libdrm and a drm/virtgpu_drm.h with the execbuffer syncobj fields).
 """
@@ -72,6 +75,12 @@ VARIANTS: dict[str, Variant] = {
         Variant("cuda", "APIR host backend + CUDA backend (FlashAttention on)",
                 {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON"},
                 (*_HOST_TARGETS, "ggml-cuda"), (*_HOST_LIBS, "libggml-cuda.so"),
+                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
+        Variant("cuda-tools", "cuda variant + native llama-bench and test-backend-ops on CUDA",
+                {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON", "LLAMA_BUILD_COMMON": "ON",
+                 "LLAMA_BUILD_TOOLS": "ON", "LLAMA_BUILD_TESTS": "ON"},
+                (*_HOST_TARGETS, "ggml-cuda", "ggml", "llama-bench", "test-backend-ops"),
+                (*_HOST_LIBS, "libggml-cuda.so", "libggml.so", "libllama.so", "llama-bench", "test-backend-ops"),
                 ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
         Variant("guest", "guest ggml-virtgpu frontend + llama-bench",
                 {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VULKAN": "OFF", "LLAMA_BUILD_COMMON": "ON",

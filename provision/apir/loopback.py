@@ -110,6 +110,8 @@ def build_script(patches: Sequence[str], target: str = "vulkan",
 TARGETS = {
     "vulkan": ("libggml-vulkan.so", apir_route.KNOWN_REGS["vulkan"], "[virtgpu] Vulkan0"),
     "cpu": ("libggml-cpu.so", apir_route.KNOWN_REGS["cpu"], "[virtgpu] CPU"),
+    # An NVIDIA host (checks/apir-cuda, outside the chroot): the remote device is CUDA0.
+    "cuda": ("libggml-cuda.so", apir_route.KNOWN_REGS["cuda"], "[virtgpu] CUDA0"),
 }
 
 

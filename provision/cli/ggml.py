@@ -34,7 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         formatter_class=EXAMPLE_FORMAT,
     )
     b.add_argument("--variant", choices=sorted(ggml_build.VARIANTS), default="host",
-                   help="host (backend + CPU), vulkan, cuda, or guest (frontend + llama-bench)")
+                   help="host (backend + CPU), vulkan, cuda, cuda-tools (cuda + native llama-bench, "
+                   "test-backend-ops), or guest (frontend + llama-bench)")
     b.add_argument("--jobs", "-j", type=int, default=2, help="parallel compile jobs (default 2)")
     b.add_argument("--cuda-arch", default=None, help="CMAKE_CUDA_ARCHITECTURES for --variant cuda (e.g. 90)")
     b.add_argument("--source", type=Path, default=None,
@@ -47,11 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run_build(args: argparse.Namespace) -> int:
     from provision.apir import builds
+    from provision.apir import ggml as ggml_build
 
     values.int_range(args.jobs, "--jobs", 1, 1024)
     values.token(args.cuda_arch, "--cuda-arch")
     values.existing_dir(args.source, "--source")
-    cuda_arch = (args.cuda_arch or "native") if args.variant == "cuda" else None
+    cuda_arch = (args.cuda_arch or "native") if "GGML_CUDA" in ggml_build.variant(args.variant).defines else None
     if args.dry_run:
         plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
                                   fetch=False)

@@ -25,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer",
             "sudo provision host-tools --bundle krun-host-tools.tar.zst",
             "provision host-tools --from krun-host-tools.tar.zst",
+            "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
         ),
         formatter_class=EXAMPLE_FORMAT,
     )
@@ -45,11 +46,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--bundle",
         type=Path,
         metavar="OUT.tar.zst",
-        help="pack the tools (with their libraries, loader and libc) and a guest disk for a host without sid",
+        help="pack the tools (with their libraries, loader and libc) and a guest disk for a host without sid; "
+        ".tar.xz or .tar.gz instead of .tar.zst need no zstd program to install",
     )
     p.add_argument("--stack", default="llama-linux", help="with --bundle: the stack whose guest disk goes in")
     p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")
-    p.add_argument("--from", dest="from_", type=Path, metavar="OUT.tar.zst", help="install a bundle made by --bundle")
+    p.add_argument(
+        "--from", dest="from_", type=Path, metavar="OUT.tar.zst",
+        help="install a bundle made by --bundle (.tar.xz/.tar.gz with Python alone)",
+    )
     p.add_argument("--to", type=Path, metavar="DIR", help="with --from: install there instead of the cache")
     p.set_defaults(func=run)
 

@@ -25,7 +25,7 @@ def _plan(name: str, **kw: object) -> ggml_build.BuildPlan:
 def test_every_variant_builds_named_targets_with_the_offline_include():
     for name in ggml_build.VARIANTS:
         extra: dict[str, object] = {}
-        if name == "cuda":
+        if name.startswith("cuda"):
             extra["cuda_architectures"] = "90"
         if name == "guest":
             extra["drm_include_dir"] = Path("/kdrm")
@@ -43,6 +43,17 @@ def test_host_plan_is_backend_only_and_cuda_plan_keeps_flash_attention():
     assert "ggml-cuda" in cuda.build
     with pytest.raises(InvalidValue):
         _plan("cuda")
+
+
+def test_cuda_tools_plan_builds_the_cuda_libraries_with_the_same_flags_plus_the_native_tools():
+    cuda, tools = _plan("cuda", cuda_architectures="90"), _plan("cuda-tools", cuda_architectures="90")
+    ggml_flags = {a for a in cuda.configure if a.startswith(("-DGGML_", "-DCMAKE_CUDA"))}
+    assert ggml_flags == {a for a in tools.configure if a.startswith(("-DGGML_", "-DCMAKE_CUDA"))}
+    assert {"-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=ON", "-DLLAMA_BUILD_COMMON=ON"} <= set(tools.configure)
+    assert tools.build[-4:] == ["ggml-cuda", "ggml", "llama-bench", "test-backend-ops"]
+    assert ggml_build.variant("cuda-tools").ggml_reg == ggml_build.variant("cuda").ggml_reg
+    with pytest.raises(InvalidValue):
+        _plan("cuda-tools")
 
 
 def test_guest_plan_builds_the_frontend_and_llama_bench_with_the_new_drm_header():

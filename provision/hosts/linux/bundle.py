@@ -9,7 +9,8 @@ most hosts', so every program starts through the carried ``ld-linux-x86-64.so.2
 (NVIDIA's Vulkan ICD and GLX/EGL vendor libraries) stay the host's: the carried loaders
 find them through the host's own manifests and ``ld.so.cache``.
 
-`provision host-tools --from OUT.tar.zst` installs it (bundle_archive.py); `tools.locate()`
+`provision host-tools --from OUT.tar.zst` installs it (bundle_archive.py; a ``.tar.xz`` or
+``.tar.gz`` bundle installs with Python alone, where the target has no zstd); `tools.locate()`
 then finds it as one more kind of HostTools.
 """
 
@@ -27,7 +28,7 @@ from provision.core import pins as pins_mod
 from provision.core.catalog import Stack
 from provision.core.errors import HostToolsMissing
 from provision.hosts.linux import elf
-from provision.hosts.linux.bundle_archive import FORMAT, MANIFEST, hashes, pack
+from provision.hosts.linux.bundle_archive import FORMAT, MANIFEST, compression_for, hashes, pack
 from provision.hosts.linux.disks import RootDisk
 from provision.hosts.linux.tools import HostTools
 from provision.images import build as images
@@ -300,13 +301,14 @@ def make(
 ) -> dict[str, object]:
     """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))  # stdout is for --json
+    kind = compression_for(out)  # a bad name fails before minutes of staging
     staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     try:
         manifest = stage(root, staging, guest, log)
-        log(f"bundle: packing {out} (zstd -{level})")
+        log(f"bundle: packing {out} ({kind}, level {level})")
         pack(staging, out, level=level)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -6,13 +6,14 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from provision.core.errors import HostToolsMissing
+from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.hosts.linux import bundle, bundle_archive, elf
 from provision.hosts.linux import tools as host_tools
 
@@ -145,6 +146,98 @@ def test_install_refuses_links_and_paths_leaving_the_directory(tmp_path: Path) -
         bundle_archive.install(archive, tmp_path / "tools")
     assert "usr/bin/evil" in err.value.message and "../outside" in err.value.message
     assert not (tmp_path / "outside").exists() and not (tmp_path / "tools").exists()
+
+
+def no_zstd_on_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """PATH holds one empty directory, so no zstd is found (the H200 host had none)."""
+    bare = tmp_path / "bare-bin"
+    bare.mkdir()
+    monkeypatch.setenv("PATH", str(bare))
+    assert shutil.which("zstd") is None
+
+
+@pytest.mark.parametrize("suffix", [".tar.xz", ".tar.gz", ".tgz"])
+def test_xz_and_gzip_bundles_install_with_no_zstd_program(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    archive = tmp_path / f"b{suffix}"
+    bundle_archive.pack(staged(tmp_path), archive, level=3)
+    no_zstd_on_path(monkeypatch, tmp_path)
+    dest = bundle_archive.install(archive, tmp_path / "tools")
+    assert (dest / "usr/share/data.txt").read_text() == "data\n"
+    assert subprocess.run([SH, str(dest / "usr/bin/tool")], capture_output=True, text=True).stdout == "tool\n"
+    assert (dest / "usr/bin/tool").stat().st_mode & 0o100
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_install_reads_the_compression_from_the_bytes_not_the_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = tmp_path / "b.tar.gz"
+    bundle_archive.pack(staged(tmp_path), made, level=3)
+    misnamed = tmp_path / "b.tar.zst"
+    made.rename(misnamed)
+    no_zstd_on_path(monkeypatch, tmp_path)
+    assert bundle_archive.sniff(misnamed) == "gz"
+    assert (bundle_archive.install(misnamed, tmp_path / "tools") / "usr/share/data.txt").is_file()
+
+
+def test_a_zstd_bundle_without_zstd_names_the_tool_and_the_xz_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = tmp_path / "b.tar.zst"
+    bundle_archive.pack(staged(tmp_path), archive, level=3)
+    no_zstd_on_path(monkeypatch, tmp_path)
+    with pytest.raises(HostToolsMissing) as err:
+        bundle_archive.install(archive, tmp_path / "tools")
+    assert "no zstd program" in err.value.message and ".tar.xz" in err.value.fix
+    assert not (tmp_path / "tools").exists()
+    with pytest.raises(HostToolsMissing) as err:
+        bundle_archive.pack(staged(tmp_path / "again"), tmp_path / "c.tar.zst")
+    assert "c.tar.xz" in err.value.fix and not (tmp_path / "c.tar.zst.partial").exists()
+
+
+def test_pack_refuses_a_name_that_says_no_compression(tmp_path: Path) -> None:
+    with pytest.raises(InvalidValue) as err:
+        bundle_archive.pack(staged(tmp_path), tmp_path / "b.tar")
+    assert ".tar.xz" in err.value.message and not list(tmp_path.glob("b.tar*"))
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:gz"])
+def test_python_unpacking_refuses_links_devices_and_escaping_paths(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    archive = tmp_path / f"bad.tar.{mode[2:]}"
+    with tarfile.open(archive, mode=mode) as tar:
+        entries = [("usr/bin/evil", tarfile.SYMTYPE, "/etc/passwd"), ("usr/bin/hard", tarfile.LNKTYPE, "../../x"),
+                   ("dev/null", tarfile.CHRTYPE, ""), ("usr/lib", tarfile.SYMTYPE, "/usr/lib")]
+        for name, kind, target in entries:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tar.addfile(info)
+        for name in ("../outside", "/abs-file", "usr/../../up"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"x"))
+        ok = tarfile.TarInfo("usr/lib/libfine.so")  # would land through the usr/lib link if links were made
+        ok.size = 1
+        tar.addfile(ok, io.BytesIO(b"y"))
+    no_zstd_on_path(monkeypatch, tmp_path)
+    with pytest.raises(HostToolsMissing) as err:
+        bundle_archive.install(archive, tmp_path / "tools")
+    for name in ("usr/bin/evil", "usr/bin/hard", "dev/null", "../outside", "/abs-file", "usr/../../up"):
+        assert name in err.value.message
+    assert not (tmp_path / "outside").exists() and not Path("/abs-file").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [archive.name, "bare-bin"]  # no tools, no temp dir
+
+
+def test_a_truncated_xz_bundle_installs_nothing(tmp_path: Path) -> None:
+    archive = tmp_path / "b.tar.xz"
+    bundle_archive.pack(staged(tmp_path), archive, level=3)
+    archive.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    with pytest.raises(HostToolsMissing) as err:
+        bundle_archive.install(archive, tmp_path / "tools")
+    assert "is not a bundle" in err.value.message and not (tmp_path / "tools").exists()
 
 
 def test_install_names_a_file_that_is_not_a_bundle(tmp_path: Path) -> None:

@@ -1,0 +1,98 @@
+"""The APIR loopback outside the host-tools chroot: on a GPU host that has only a compiler and
+the ggml it built (the lent NVIDIA machine runs Ubuntu, not sid, and has no chroot).
+
+`apir.loopback.build_script` writes its commands for the chroot's fixed paths (/src/...,
+/work, /usr/include/libdrm). Here the same script is rewritten, in one pass, onto the host's
+directories, so both runs compile exactly the same sources with the same flags and patches;
+only where the files live differs. Also: the environment and argv of llama-bench through the
+loopback, and the remoting ratio of two llama-bench JSON reports.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from provision.apir import loopback
+from provision.core.errors import InvalidValue
+
+_LIB_MARK = "/@LIB@"
+# Paths are spliced into compiler flags (-I/dir, -Wl,-rpath,a:b), where quoting cannot reach
+# them one by one: only plain characters are allowed.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
+
+
+@dataclass(frozen=True)
+class HostDirs:
+    tree: Path  # the pinned llama.cpp tree (a copy is fine)
+    loopback_src: Path  # checks/apir-loopback
+    patches: Path  # patches/llama.cpp
+    work: Path  # build output; bin/ holds the loopback programs
+    drm_include: Path  # holds xf86drm.h, libdrm/ and drm/virtgpu_drm.h (with the syncobj fields)
+    lib: Path  # the host ggml: libggml-base.so and the target's backend library
+
+    @property
+    def bin(self) -> Path:
+        return self.work / "bin"
+
+
+def _checked(path: Path, what: str) -> str:
+    text = str(path)
+    if not _SAFE_PATH.match(text) or ".." in PurePosixPath(text).parts:
+        raise InvalidValue(f"{what} {text!r} is not a plain absolute path (letters, digits, . _ / + - only)",
+                           fix=f"pass a {what} without spaces or shell characters")
+    return text
+
+
+def build_script(dirs: HostDirs, patches: Sequence[str], target: str) -> str:
+    """loopback.build_script with the chroot's paths replaced by the host's."""
+    chroot_script = loopback.build_script(patches, target, PurePosixPath(_LIB_MARK))
+    mapping = {
+        loopback.SRC_LLAMA: _checked(dirs.tree, "llama.cpp tree"),
+        loopback.SRC_LOOPBACK: _checked(dirs.loopback_src, "loopback source dir"),
+        loopback.SRC_PATCHES: _checked(dirs.patches, "patch dir"),
+        loopback.WORK + "/": _checked(dirs.work, "work dir") + "/",
+        "-I/usr/include/libdrm": f"-I{_checked(dirs.drm_include, 'drm include dir')}/libdrm "
+                                 f"-I{dirs.drm_include}",
+        _LIB_MARK: _checked(dirs.lib, "ggml library dir"),
+    }
+    missing = [old for old in mapping if old not in chroot_script]
+    if missing:
+        raise InvalidValue(f"the loopback build script no longer uses {', '.join(missing)}",
+                           fix="update provision/apir/loopback_host.py to the paths loopback.build_script uses")
+    # One pass, longest key first: a replacement is never rewritten by a later key.
+    pattern = re.compile("|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True)))
+    return pattern.sub(lambda m: mapping[m.group(0)], chroot_script)
+
+
+def run_env(dirs: HostDirs, target: str) -> dict[str, str]:
+    """The backend library's environment (as the hypervisor sets it), on the host's paths."""
+    env = loopback.run_env(target, PurePosixPath(_LIB_MARK))
+    return {k: v.replace(loopback.BIN, str(dirs.bin)).replace(_LIB_MARK, str(dirs.lib)) for k, v in env.items()}
+
+
+def bench_env(dirs: HostDirs, target: str) -> dict[str, str]:
+    """llama-bench through the loopback: its libllama and the loopback registry (libggml.so in
+    bin/, found before the host's own registry in lib/, which would bring the native backend in)."""
+    return {**run_env(dirs, target), "LD_LIBRARY_PATH": f"{dirs.bin}:{dirs.lib}"}
+
+
+def ratios(native: Sequence[Mapping[str, object]], remote: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
+    """Per llama-bench test (pp512, tg128, ...): tokens/s through APIR over tokens/s native."""
+    def key(r: Mapping[str, object]) -> tuple[object, object]:
+        return (r.get("n_prompt"), r.get("n_gen"))
+
+    by_key = {key(r): r for r in native}
+    rows: list[dict[str, object]] = []
+    for r in remote:
+        n = by_key.get(key(r))
+        if n is None:
+            continue
+        nat, rem = float(str(n["avg_ts"])), float(str(r["avg_ts"]))
+        test = f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}"
+        rows.append({"test": test, "native_ts": round(nat, 2), "native_sd": round(float(str(n.get("stddev_ts", 0))), 2),
+                     "apir_ts": round(rem, 2), "apir_sd": round(float(str(r.get("stddev_ts", 0))), 2),
+                     "ratio": round(rem / nat, 3) if nat else None})
+    return rows
