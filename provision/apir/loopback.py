@@ -4,7 +4,9 @@ checks/apir-loopback/virtgpu-loopback.cpp stands in for the frontend's DRM trans
 virglrenderer's APIR component, so the guest frontend (with our patches) and the host
 backend library (libggml-virtgpu-backend + ggml-vulkan, from `provision host-tools --apir`)
 exchange exactly the bytes they exchange through QEMU. Built and run in the host-tools
-chroot, where the host ggml lives; takes about a minute to build on top of it.
+chroot, where the host ggml lives; takes about a minute to build on top of it. With
+``--on-host`` (CPU target) it needs neither the chroot nor the virglrenderer tree: it builds
+on this host against the `host` ggml variant, which is how CI covers the op list.
 
 A host-side abort ends the test process here (in a VM it ends the render worker): the
 output then stops in the middle of an op's cases, which `apir.ops.parse` reports as not
@@ -22,12 +24,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from provision.adapters import procs
 from provision.adapters.chroot import Chroot
 from provision.apir import host as apir_host
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
-from provision.core.errors import HostToolsMissing
+from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.hosts.linux import tools as host_tools
 from provision.images import sources
 
@@ -35,7 +38,6 @@ SRC_LLAMA = "/src/llama.cpp"
 SRC_LOOPBACK = "/src/loopback"
 SRC_PATCHES = "/src/patches"
 WORK = "/work"
-BIN = f"{WORK}/bin"
 BACKEND_SOURCES = (
     "backend.cpp", "backend-dispatched.cpp", "backend-dispatched-backend.cpp", "backend-dispatched-device.cpp",
     "backend-dispatched-buffer.cpp", "backend-dispatched-buffer-type.cpp", "apir_cs_ggml-rpc-back.cpp",
@@ -62,44 +64,70 @@ def guest_patches() -> list[str]:
     return [PurePosixPath(p).name for p in build.patches]
 
 
-def build_script(patches: Sequence[str], target: str = "vulkan",
-                 lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> str:
-    """Shell for the chroot: patch a copy of the frontend, build it with the loopback, and
-    build test-backend-ops against the host ggml (it needs ggml only, not libllama). The
-    backend registry (libggml.so) is built here with just the CPU backend and the target, so
-    the CPU target needs no Vulkan build."""
-    front = f"{WORK}/src/ggml/src/ggml-virtgpu"
-    inc = f"-I{WORK}/src/ggml/include -I{WORK}/src/ggml/src"
+@dataclass(frozen=True)
+class Where:
+    """Where the build finds its inputs and puts its outputs, as its shell sees them.
+
+    In the host-tools chroot these are bind targets; on the host (the CI path, CPU target
+    only) they are real directories, and ``drm_include`` names the pinned drm/ headers that
+    Debian 12 lacks."""
+
+    llama: str = SRC_LLAMA
+    loopback: str = SRC_LOOPBACK
+    patches: str = SRC_PATCHES
+    work: str = WORK
+    lib: str = str(apir_host.GGML_PREFIX / "lib")
+    drm_include: str | None = None
+
+    @property
+    def bin(self) -> str:
+        return f"{self.work}/bin"
+
+
+CHROOT = Where()
+
+
+def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = CHROOT) -> str:
+    """Shell: patch a copy of the frontend, build it with the loopback, and build
+    test-backend-ops against the host ggml (it needs ggml only, not libllama). The backend
+    registry (libggml.so) is built here with just the CPU backend and the target, so the CPU
+    target needs no Vulkan build."""
+    q = shlex.quote
+    w, b, lib = q(where.work), q(where.bin), q(where.lib)
+    front = f"{w}/src/ggml/src/ggml-virtgpu"
+    inc = f"-I{w}/src/ggml/include -I{w}/src/ggml/src"
+    drm = f"-I{q(where.drm_include)} " if where.drm_include else ""
     uses = "-DGGML_USE_CPU" + (" -DGGML_USE_VULKAN" if target == "vulkan" else "")
     links = "-lggml-cpu" + (" -lggml-vulkan" if target == "vulkan" else "")
-    rpath = f"-Wl,-rpath,{BIN}:{lib}"
+    rpath = f"-Wl,-rpath,{b}:{lib}"
+    loop = q(where.loopback)
     lines = [
         "set -eu",
-        f"rm -rf {WORK}/src {BIN}/libggml-virtgpu.so && mkdir -p {WORK}/src {BIN} {WORK}/venus",
-        f": > {WORK}/venus/venus_hw.h",
-        f"cp -r {SRC_LLAMA}/ggml {WORK}/src/ && mkdir -p {WORK}/src/tests",
-        f"cp {SRC_LLAMA}/tests/test-backend-ops.cpp {WORK}/src/tests/",
-        *(f"patch -d {WORK}/src -p1 --forward --batch -i {SRC_PATCHES}/{shlex.quote(p)}"
+        f"rm -rf {w}/src {b}/libggml-virtgpu.so && mkdir -p {w}/src {b} {w}/venus",
+        f": > {w}/venus/venus_hw.h",
+        f"cp -r {q(where.llama)}/ggml {w}/src/ && mkdir -p {w}/src/tests",
+        f"cp {q(where.llama)}/tests/test-backend-ops.cpp {w}/src/tests/",
+        *(f"patch -d {w}/src -p1 --forward --batch -i {q(where.patches + '/' + p)}"
           for p in [*patches, *HOST_PATCHES]),
         # The host library, from the same patched tree (the host-tools one is unpatched).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} -I{front}/.. "
         + " ".join(f"{front}/backend/{s}" for s in BACKEND_SOURCES)
-        + f" -o {BIN}/libggml-virtgpu-backend.so -L{lib} -lggml-base {rpath}",
+        + f" -o {b}/libggml-virtgpu-backend.so -L{lib} -lggml-base {rpath}",
         # The backend registry loads libggml-virtgpu.so from the executable's directory and
         # calls its ggml_backend_init (GGML_BACKEND_DL).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} "
-        f"-I{front} -I{front}/include -I{WORK}/venus -I/usr/include/libdrm "
+        f"{drm}-I{front} -I{front}/include -I{w}/venus -I/usr/include/libdrm "
         + " ".join(f"{front}/{s}" for s in FRONTEND_SOURCES)
-        + f" {SRC_LOOPBACK}/virtgpu-loopback.cpp -o {BIN}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}",
-        f"g++ -std=c++17 -O1 -g {inc} {SRC_LOOPBACK}/repro-supports-op-gap.cpp -o {BIN}/repro-supports-op-gap "
+        + f" {loop}/virtgpu-loopback.cpp -o {b}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}",
+        f"g++ -std=c++17 -O1 -g {inc} {loop}/repro-supports-op-gap.cpp -o {b}/repro-supports-op-gap "
         f"-L{lib} -lggml-base -Wl,-rpath,{lib}",
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
-        f"{WORK}/src/ggml/src/ggml-backend-reg.cpp {WORK}/src/ggml/src/ggml-backend-dl.cpp "
-        f"-o {BIN}/libggml.so -L{lib} -lggml-base {links} {rpath}",
+        f"{w}/src/ggml/src/ggml-backend-reg.cpp {w}/src/ggml/src/ggml-backend-dl.cpp "
+        f"-o {b}/libggml.so -L{lib} -lggml-base {links} {rpath}",
         # The test program is one large file that does not change with our patches: compile once.
-        f"test -f {WORK}/test-backend-ops.o || g++ -std=c++17 -O1 -c {inc} {WORK}/src/tests/test-backend-ops.cpp "
-        f"-o {WORK}/test-backend-ops.o",
-        f"g++ {WORK}/test-backend-ops.o -o {BIN}/test-backend-ops -L{BIN} -L{lib} -lggml -lggml-base -lpthread {rpath}",
+        f"test -f {w}/test-backend-ops.o || g++ -std=c++17 -O1 -c {inc} {w}/src/tests/test-backend-ops.cpp "
+        f"-o {w}/test-backend-ops.o",
+        f"g++ {w}/test-backend-ops.o -o {b}/test-backend-ops -L{b} -L{lib} -lggml -lggml-base -lpthread {rpath}",
     ]
     return "\n".join(lines)
 
@@ -115,12 +143,12 @@ TARGETS = {
 }
 
 
-def run_env(target: str, lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> dict[str, str]:
+def run_env(target: str, where: Where = CHROOT) -> dict[str, str]:
     """The hypervisor's environment for the backend library, as on the VM route."""
     library, reg, _device = TARGETS[target]
     return {
-        "VIRGL_APIR_BACKEND_LIBRARY": f"{BIN}/libggml-virtgpu-backend.so",
-        "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": str(lib / library),
+        "VIRGL_APIR_BACKEND_LIBRARY": f"{where.bin}/libggml-virtgpu-backend.so",
+        "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": f"{where.lib}/{library}",
         "APIR_LLAMA_CPP_GGML_LIBRARY_REG": reg,
         # lavapipe is a CPU-type Vulkan device, which ggml-vulkan hides unless listed.
         "GGML_VK_VISIBLE_DEVICES": "0",
@@ -130,21 +158,37 @@ def run_env(target: str, lib: PurePosixPath = apir_host.GGML_PREFIX / "lib") -> 
 
 @dataclass(frozen=True)
 class Loopback:
-    chroot: Chroot
+    where: Where
     env: dict[str, str]
+    host_work: Path  # where.work as this process sees it
+    chroot: Chroot | None = None  # None: built and run on the host
+
+    def argv(self, program: Sequence[str]) -> list[str]:
+        if self.chroot is not None:
+            return self.chroot.argv(program, self.env)
+        clean = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), "LANG": "C.UTF-8", **self.env}
+        return ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in clean.items()), *program]
 
     def test_backend_ops(self, args: Sequence[str], timeout_s: float = 900) -> tuple[int, str]:
-        argv = self.chroot.argv([f"{BIN}/test-backend-ops", *args], self.env)
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+            proc = procs.run(self.argv([f"{self.where.bin}/test-backend-ops", *args]), "apir-loopback",
+                             timeout=timeout_s, text=True, stderr=subprocess.STDOUT)
         except subprocess.TimeoutExpired as exc:
-            out = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
             return 124, out
-        return proc.returncode, proc.stdout + proc.stderr
+        return proc.returncode, proc.stdout
+
+    def build(self, target: str) -> None:
+        script = build_script(guest_patches(), target, self.where)
+        proc = procs.run(self.argv(["sh", "-c", script]), "apir-loopback-build", text=True, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            raise HostToolsMissing(
+                "building the APIR loopback failed: " + proc.stdout[-1500:],
+                fix="see the compiler output above; the host ggml and the pinned tree must be the same version",
+            )
 
 
-def make(target: str = "vulkan", log: Callable[[str], None] | None = None, *, build: bool = True) -> Loopback:
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+def _in_chroot(target: str) -> Loopback:
     tools = host_tools.locate()
     lib = apir_host.GGML_PREFIX / "lib"
     needed = [lib / "libggml-base.so", lib / TARGETS[target][0]]
@@ -153,24 +197,43 @@ def make(target: str = "vulkan", log: Callable[[str], None] | None = None, *, bu
             f"the APIR loopback needs the host ggml ({', '.join(p.name for p in needed)}) in the host-tools chroot",
             fix="run `provision host-tools --apir` (with --virgl-src DIR where the pinned tree cannot be fetched)",
         )
-    work = paths.cache_dir("apir-loopback")
     binds = {
         sources.llama_cpp_tree(): SRC_LLAMA,
         loopback_dir(): SRC_LOOPBACK,
         layout.patches_dir() / "llama.cpp": SRC_PATCHES,
-        work: WORK,
+        paths.cache_dir("apir-loopback"): WORK,
     }
-    chroot = Chroot(tools.root, binds)
-    if not build and (work / "bin" / "test-backend-ops").exists():
-        return Loopback(chroot, run_env(target, lib))
-    proc = subprocess.run(chroot.argv(["sh", "-c", build_script(guest_patches(), target, lib)]), capture_output=True,
-                          text=True, check=False)
-    if proc.returncode != 0:
-        raise HostToolsMissing(
-            "building the APIR loopback failed: " + (proc.stdout + proc.stderr)[-1500:],
-            fix="see the compiler output above; the host ggml and the pinned tree must be the same version",
-        )
-    return Loopback(chroot, run_env(target, lib))
+    return Loopback(CHROOT, run_env(target, CHROOT), paths.cache_dir("apir-loopback"), Chroot(tools.root, binds))
+
+
+def _on_host(target: str) -> Loopback:
+    """No chroot and no virglrenderer tree: the `host` ggml build (CI's) and the pinned drm/
+    headers, both from the sdist's pins. CPU target only (Debian 12 cannot build ggml-vulkan)."""
+    if target != "cpu":
+        raise InvalidValue(f"--target {target} with --on-host: the host ggml build has only the CPU backend",
+                           fix="use --target cpu with --on-host, or drop --on-host to use the host-tools chroot")
+    from provision.apir import builds  # the cached `host` variant; builds it on first use
+
+    work = paths.cache_dir("apir-loopback-host")
+    where = Where(
+        llama=str(sources.llama_cpp_tree()),
+        loopback=str(loopback_dir()),
+        patches=str(layout.patches_dir() / "llama.cpp"),
+        work=str(work),
+        lib=str(builds.ensure("host").bin_dir),
+        drm_include=str(builds.drm_headers()),
+    )
+    return Loopback(where, run_env(target, where), work)
+
+
+def make(target: str = "vulkan", log: Callable[[str], None] | None = None, *, build: bool = True,
+         on_host: bool = False) -> Loopback:
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    lb = _on_host(target) if on_host else _in_chroot(target)
+    if build or not (lb.host_work / "bin" / "test-backend-ops").exists():
+        log(f"apir loopback: building ({'host' if on_host else 'host-tools chroot'}, target {target})")
+        lb.build(target)
+    return lb
 
 
 def run_ops(lb: Loopback, device: str, ops: Sequence[apir_ops.Op] = apir_ops.LLAMA_OPS) -> dict[str, object]:
@@ -183,14 +246,15 @@ def run_ops(lb: Loopback, device: str, ops: Sequence[apir_ops.Op] = apir_ops.LLA
     return results
 
 
-def markdown(target: str, results: dict[str, object]) -> str:
+def markdown(target: str, results: dict[str, object], on_host: bool = False) -> str:
     device = TARGETS[target][2]
     lines = [
         f"# APIR loopback: the llama op list on {device}, without a VM",
         "",
         "Guest frontend (pinned llama.cpp + patches/llama.cpp/*) and host libggml-virtgpu-backend in one process, "
         "joined by checks/apir-loopback/virtgpu-loopback.cpp (no QEMU, no virglrenderer); host ggml target: "
-        f"{TARGETS[target][0]}. Command: `python -m provision.apir.loopback --target {target}`.",
+        f"{TARGETS[target][0]}. Command: `python -m provision.apir.loopback --target {target}"
+        f"{' --on-host' if on_host else ''}`.",
         "",
         f"| op | cases run on {device} | passed | refused (run elsewhere) | exit | ok |",
         "|---|---:|---:|---:|---:|---|",
@@ -209,8 +273,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write the results here too")
     ap.add_argument("--md", type=Path, help="write a markdown report here (bench/results/)")
     ap.add_argument("--no-build", action="store_true", help="reuse the last loopback build")
+    ap.add_argument("--on-host", action="store_true",
+                    help="build and run on this host against the `host` ggml build (CPU target; what CI runs)")
     args = ap.parse_args(argv)
-    lb = make(args.target, build=not args.no_build)
+    lb = make(args.target, build=not args.no_build, on_host=args.on_host)
     ops = [apir_ops.by_name()[o] for o in args.op] if args.op else list(apir_ops.LLAMA_OPS)
     results = run_ops(lb, TARGETS[args.target][2], ops)
     text = json.dumps(results, indent=2)
@@ -218,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         args.json.write_text(text + "\n")
     if args.md:
-        args.md.write_text(markdown(args.target, results))
+        args.md.write_text(markdown(args.target, results, args.on_host))
     return 0 if all(r["ok"] for r in results.values()) else 1  # type: ignore[index]
 
 

@@ -71,13 +71,16 @@ class LinuxBackend:
     on_start: Callable[[int, Path], None] | None = None
     slot_wait_s: float | None = None
 
-    def _use_apir(self, tools: host_tools.HostTools) -> None:
-        """APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed)."""
+    def _route_env(self, tools: host_tools.HostTools, stack: Stack, gpu: bool) -> tuple[dict[str, str], bool]:
+        """QEMU's environment for this run and whether to watch render workers. Per run, never
+        stored on the backend: one backend runs an APIR guest and then a Venus one (`provision
+        bench` compares them), and VIRGL_ROUTE_VENUS_TO_APIR left over would take Venus away."""
+        if not (stack.route == "apir" and gpu):
+            return dict(self.qemu_env), self.watch_workers
         from provision.apir import host as apir_host
 
-        found = apir_host.require(tools)
-        self.qemu_env.update(found.qemu_env())
-        self.watch_workers = True
+        # APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed).
+        return {**self.qemu_env, **apir_host.require(tools).qemu_env()}, True
 
     # --- HostBackend --------------------------------------------------------------------
 
@@ -124,8 +127,7 @@ class LinuxBackend:
 
             apir_host.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
         tools = host_tools.require(gpu=gpu)
-        if stack.route == "apir" and gpu:
-            self._use_apir(tools)
+        route_env, watch_workers = self._route_env(tools, stack, gpu)
         root = bundle.root_disk_for(tools, stack) or self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
         model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
@@ -141,7 +143,7 @@ class LinuxBackend:
         try:
             fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
             return self._boot(tools, stack, gpu, root, model_disk, run_dir, deadline, out, err, keep_fds=fds,
-                              cancel=cancel)
+                              cancel=cancel, route_env=route_env, watch_workers=watch_workers)
         finally:
             if slot is not None:
                 slot.release()
@@ -163,6 +165,8 @@ class LinuxBackend:
         err: BinaryIO,
         keep_fds: tuple[int, ...] = (),
         cancel: threading.Event | None = None,
+        route_env: dict[str, str] | None = None,
+        watch_workers: bool = False,
     ) -> RunResult:
         chroot: Chroot | None = None
         if tools.is_chroot:
@@ -202,7 +206,7 @@ class LinuxBackend:
         )
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
-        env = {"HOME": user.home if user else "/root", "XDG_RUNTIME_DIR": "/tmp", **self.qemu_env}
+        env = {"HOME": user.home if user else "/root", "XDG_RUNTIME_DIR": "/tmp", **(route_env or {})}
         x: xvfb.Xvfb | None = None
         proc: subprocess.Popen[bytes] | None = None
         started = time.monotonic()
@@ -230,7 +234,7 @@ class LinuxBackend:
             if self.on_start is not None:
                 self.on_start(proc.pid, run_dir)
             beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=self.watch_workers, beside=beside,
+            status = _watch(proc, run_dir, deadline, out, err, watch_workers=watch_workers, beside=beside,
                             cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)

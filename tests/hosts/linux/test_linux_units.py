@@ -242,3 +242,20 @@ def test_host_tools_steps_stream_their_output_and_name_a_failure() -> None:
     with pytest.raises(errors.HostToolsMissing) as exc:
         host_tools._run(["sh", "-c", "echo building; exit 3"], seen.append)
     assert "exited 3" in exc.value.message and "building" in exc.value.message
+
+
+def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(tmp_path: Path) -> None:
+    # `provision bench llama-apir-linux` runs the APIR guest, then the Venus guest on one backend:
+    # VIRGL_ROUTE_VENUS_TO_APIR carried over would route the Venus guest to APIR (no Vulkan0).
+    from provision.apir import host as apir_host
+    from provision.hosts.linux import tools as host_tools
+
+    (tmp_path / apir_host.STAMP).write_text("{}")
+    tools = host_tools.HostTools(tmp_path, "cache")
+    backend = linux.LinuxBackend()
+    cat = catalog.load()
+    apir_env, apir_watch = backend._route_env(tools, cat.get("llama-apir-linux"), True)
+    venus_env, venus_watch = backend._route_env(tools, cat.get("llama-linux"), True)
+    assert apir_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir_watch
+    assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus_env and not venus_watch
+    assert backend.qemu_env == {} and backend.watch_workers is False
