@@ -96,7 +96,8 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
     w, b, lib = q(where.work), q(where.bin), q(where.lib)
     front = f"{w}/src/ggml/src/ggml-virtgpu"
     inc = f"-I{w}/src/ggml/include -I{w}/src/ggml/src"
-    drm = f"-I{q(where.drm_include)} " if where.drm_include else ""
+    # A host without libdrm-dev (the lent Ubuntu machine) carries xf86drm.h and libdrm/ there too.
+    drm = f"-I{q(where.drm_include)} -I{q(where.drm_include + '/libdrm')} " if where.drm_include else ""
     uses = "-DGGML_USE_CPU" + (" -DGGML_USE_VULKAN" if target == "vulkan" else "")
     links = "-lggml-cpu" + (" -lggml-vulkan" if target == "vulkan" else "")
     rpath = f"-Wl,-rpath,{b}:{lib}"

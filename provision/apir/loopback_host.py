@@ -1,10 +1,9 @@
 """The APIR loopback outside the host-tools chroot: on a GPU host that has only a compiler and
 the ggml it built (the lent NVIDIA machine runs Ubuntu, not sid, and has no chroot).
 
-`apir.loopback.build_script` writes its commands for the chroot's fixed paths (/src/...,
-/work, /usr/include/libdrm). Here the same script is rewritten, in one pass, onto the host's
-directories, so both runs compile exactly the same sources with the same flags and patches;
-only where the files live differs. Also: the environment and argv of llama-bench through the
+`apir.loopback.build_script` takes where its inputs and outputs live (`loopback.Where`); here
+they are the host's directories, so both runs compile exactly the same sources with the same
+flags and patches; only where the files live differs. Also: the environment and argv of llama-bench through the
 loopback, and the remoting ratio of two llama-bench JSON reports.
 """
 
@@ -18,7 +17,6 @@ from pathlib import Path, PurePosixPath
 from provision.apir import loopback
 from provision.core.errors import InvalidValue
 
-_LIB_MARK = "/@LIB@"
 # Paths are spliced into compiler flags (-I/dir, -Wl,-rpath,a:b), where quoting cannot reach
 # them one by one: only plain characters are allowed.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._/+-]*$")
@@ -46,31 +44,26 @@ def _checked(path: Path, what: str) -> str:
     return text
 
 
+def where(dirs: HostDirs) -> loopback.Where:
+    """The loopback build's directories on this host (checked: they also sit inside compiler flags)."""
+    return loopback.Where(
+        llama=_checked(dirs.tree, "llama.cpp tree"),
+        loopback=_checked(dirs.loopback_src, "loopback source dir"),
+        patches=_checked(dirs.patches, "patch dir"),
+        work=_checked(dirs.work, "work dir"),
+        lib=_checked(dirs.lib, "ggml library dir"),
+        drm_include=_checked(dirs.drm_include, "drm include dir"),
+    )
+
+
 def build_script(dirs: HostDirs, patches: Sequence[str], target: str) -> str:
-    """loopback.build_script with the chroot's paths replaced by the host's."""
-    chroot_script = loopback.build_script(patches, target, PurePosixPath(_LIB_MARK))
-    mapping = {
-        loopback.SRC_LLAMA: _checked(dirs.tree, "llama.cpp tree"),
-        loopback.SRC_LOOPBACK: _checked(dirs.loopback_src, "loopback source dir"),
-        loopback.SRC_PATCHES: _checked(dirs.patches, "patch dir"),
-        loopback.WORK + "/": _checked(dirs.work, "work dir") + "/",
-        "-I/usr/include/libdrm": f"-I{_checked(dirs.drm_include, 'drm include dir')}/libdrm "
-                                 f"-I{dirs.drm_include}",
-        _LIB_MARK: _checked(dirs.lib, "ggml library dir"),
-    }
-    missing = [old for old in mapping if old not in chroot_script]
-    if missing:
-        raise InvalidValue(f"the loopback build script no longer uses {', '.join(missing)}",
-                           fix="update provision/apir/loopback_host.py to the paths loopback.build_script uses")
-    # One pass, longest key first: a replacement is never rewritten by a later key.
-    pattern = re.compile("|".join(re.escape(k) for k in sorted(mapping, key=len, reverse=True)))
-    return pattern.sub(lambda m: mapping[m.group(0)], chroot_script)
+    """loopback.build_script on the host's directories: the same sources, flags and patches."""
+    return loopback.build_script(patches, target, where(dirs))
 
 
 def run_env(dirs: HostDirs, target: str) -> dict[str, str]:
     """The backend library's environment (as the hypervisor sets it), on the host's paths."""
-    env = loopback.run_env(target, PurePosixPath(_LIB_MARK))
-    return {k: v.replace(loopback.BIN, str(dirs.bin)).replace(_LIB_MARK, str(dirs.lib)) for k, v in env.items()}
+    return loopback.run_env(target, where(dirs))
 
 
 def bench_env(dirs: HostDirs, target: str) -> dict[str, str]:

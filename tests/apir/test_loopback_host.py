@@ -23,15 +23,15 @@ def test_the_host_script_is_the_chroot_script_with_every_chroot_path_replaced(tm
     script = loopback_host.build_script(d, ["0001-x.patch"], "cuda")
     chroot = loopback.build_script(["0001-x.patch"], "cuda")
     assert script.count("\n") == chroot.count("\n")
-    for old in ("/src/llama.cpp", "/src/loopback", "/src/patches", "/usr/include/libdrm", "/opt/krun-gpu"):
-        assert old not in script
+    for old in ("/src/llama.cpp", "/src/loopback", "/src/patches", "/opt/krun-gpu"):
+        assert old in chroot and old not in script
     assert not re.search(r"(?<![\w/])/work/", script)  # every chroot WORK path moved (tmp_path has none)
-    assert f"-I{d.drm_include}/libdrm -I{d.drm_include} " in script
+    assert f"-I{d.drm_include} -I{d.drm_include}/libdrm " in script
     assert f"-Wl,-rpath,{d.bin}:{d.lib}" in script and f"-L{d.lib} -lggml-base" in script
     assert f"patch -d {d.work}/src -p1 --forward --batch -i {d.patches}/0001-x.patch" in script
 
 
-def test_a_host_path_that_contains_the_chroot_work_path_is_not_rewritten_twice(tmp_path: Path) -> None:
+def test_a_host_path_that_contains_the_chroot_work_path_is_kept_whole(tmp_path: Path) -> None:
     lib = Path("/work/wt/x/ggml/bin")  # the lent machine's checkout may itself live under /work
     script = loopback_host.build_script(dirs(tmp_path, lib=lib), [], "cpu")
     assert f"-L{lib} " in script and str(tmp_path / "work") not in str(lib)
