@@ -32,7 +32,7 @@ def test_the_host_script_is_the_chroot_script_with_every_chroot_path_replaced(tm
 
 
 def test_a_host_path_that_contains_the_chroot_work_path_is_kept_whole(tmp_path: Path) -> None:
-    lib = Path("/work/wt/x/ggml/bin")  # the lent machine's checkout may itself live under /work
+    lib = Path(loopback.WORK) / "wt" / "x" / "ggml" / "bin"  # a host directory under the chroot's WORK path
     script = loopback_host.build_script(dirs(tmp_path, lib=lib), [], "cpu")
     assert f"-L{lib} " in script and str(tmp_path / "work") not in str(lib)
 
