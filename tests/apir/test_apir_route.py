@@ -151,14 +151,34 @@ def test_a_new_worker_after_an_exit_means_the_guest_moved_on(tmp_path):
         watch.poll(0.5)
         assert watch.pending is not None
         flag.touch()
-        # Wait for the second worker itself (not the first one's zombie): under load the root
-        # may take a while to start it.
+        # Wait for the second worker itself (not the first one's zombie), and for it to have
+        # exec'd: between fork and exec its name is still the root's, not "sleep".
+        def second_worker() -> set[int]:
+            return {p for p, n in watchdog.descendants(root.pid).items() if n == "sleep" and p not in first}
+
         deadline = time.monotonic() + 20
-        while not (set(watchdog.descendants(root.pid)) - set(first)) and time.monotonic() < deadline:
+        while not second_worker() and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert set(watchdog.descendants(root.pid)) - set(first), "the second worker never started"
+        assert second_worker(), "the second worker never started"
         assert watch.poll(0.7) is None and watch.pending is None
         assert watch.poll(10.0) is None
+    finally:
+        root.kill()
+        root.wait()
+
+
+def test_walking_the_tree_survives_children_that_exit_while_it_is_read():
+    # A root that starts and reaps short-lived children nonstop: a child listed in a
+    # `children` file is often gone by the time its own /proc entry is read.
+    churn = "import subprocess\nwhile True: subprocess.Popen(['true']).wait()\n"
+    root = subprocess.Popen([sys.executable, "-c", churn])
+    try:
+        seen = 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            seen += len(watchdog.descendants(root.pid))
+        assert root.poll() is None
+        assert seen > 0, "the churn never showed a child: the walk was not exercised"
     finally:
         root.kill()
         root.wait()

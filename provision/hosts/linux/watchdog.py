@@ -53,7 +53,11 @@ def classify(line: str) -> Death | None:
 
 def _children(pid: int, proc: Path) -> list[int]:
     out: list[int] = []
-    for task in (proc / str(pid) / "task").glob("*"):
+    try:
+        tasks = list((proc / str(pid) / "task").iterdir())
+    except OSError:
+        return out  # the process exited between being listed and being read
+    for task in tasks:
         try:
             out.extend(int(c) for c in (task / "children").read_text().split())
         except OSError:
