@@ -101,7 +101,7 @@ def test_gpu_on_a_stack_without_gpu_is_400_e007_at_once(api: Api) -> None:
     start = time.monotonic()
     code, _, body = api.execute({"language": "cpu", "gpu": True, "timeout": 60, "code": "true"})
     assert code == 400 and body["error"]["code"] == "E007" and body["error"]["fix"]
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < 2.0  # a VM boot takes minutes; room for a loaded runner
     assert api.children() == []
 
 

@@ -78,7 +78,7 @@ def test_gpu_on_the_cpu_stack_is_400_e007_at_once_and_starts_no_vm(api: Api) -> 
     status, _, body = api.execute({"language": "cpu", "gpu": True, "timeout": 60, "code": "true"})
     took = time.monotonic() - start
     assert status == 400 and body["error"]["code"] == "E007", body
-    assert took < 0.5
+    assert took < 2.0  # a VM boot takes minutes; 2 s leaves room for a loaded runner
     assert api.children() == []
     assert api.request("GET", "/api/v1/health")[2]["running"] == 0
 
