@@ -14,7 +14,7 @@ from pathlib import Path
 
 from provision.core.errors import ToolMissing, UnknownModel
 from provision.core.pins import Pins
-from provision.models.synth_llama import write_llama_kquant
+from provision.models.synth_llama import add_spm_vocab, write_llama_kquant, write_out
 
 
 @dataclass(frozen=True)
@@ -62,18 +62,7 @@ def write_tiny_llama(path: Path, shape: LlamaShape = LlamaShape()) -> None:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(1)  # mostly F16
 
-    # SentencePiece-style vocabulary: unk/bos/eos controls, 256 byte tokens, then plain words.
-    specials = ["<unk>", "<s>", "</s>"]
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    words = [f"\u2581w{i}" for i in range(shape.vocab - len(specials) - len(byte_tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(specials + byte_tokens + words)
-    writer.add_token_scores([0.0] * (len(specials) + len(byte_tokens)) + [-float(i) for i in range(len(words))])
-    # token types: 2 unknown, 3 control, 6 byte, 1 normal
-    writer.add_token_types([2, 3, 3] + [6] * len(byte_tokens) + [1] * len(words))
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_spm_vocab(writer, shape.vocab)
 
     def tensor(name: str, dims: tuple[int, ...], dtype: type = np.float16) -> None:
         writer.add_tensor(name, (rng.standard_normal(dims) * 0.02).astype(dtype))
@@ -91,10 +80,7 @@ def write_tiny_llama(path: Path, shape: LlamaShape = LlamaShape()) -> None:
     tensor("output_norm.weight", (shape.embd,), np.float32)
     tensor("output.weight", (shape.vocab, shape.embd))
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
 
 
 GENERATORS: dict[str, Callable[[Path], None]] = {

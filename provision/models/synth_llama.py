@@ -36,6 +36,28 @@ class KQuantShape:
     seed: int = 1
 
 
+def add_spm_vocab(writer: Any, vocab: int) -> None:
+    """A SentencePiece-style vocabulary: unk/bos/eos controls, 256 byte tokens, then plain words."""
+    specials = ["<unk>", "<s>", "</s>"]
+    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
+    words = [f"\u2581w{i}" for i in range(vocab - len(specials) - len(byte_tokens))]
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(specials + byte_tokens + words)
+    writer.add_token_scores([0.0] * (len(specials) + len(byte_tokens)) + [-float(i) for i in range(len(words))])
+    # token types: 2 unknown, 3 control, 6 byte, 1 normal
+    writer.add_token_types([2, 3, 3] + [6] * len(byte_tokens) + [1] * len(words))
+    writer.add_unk_token_id(0)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+
+
+def write_out(writer: Any) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def q4_k_blocks(rng: Any, rows: int, cols: int, std: float) -> Any:
     """Random block_q4_K rows: w = d*sc*q - dmin*m, q in 0..15, sc/m 6-bit; about N(0, std)."""
     import numpy as np
@@ -82,16 +104,7 @@ def write_llama_kquant(path: Path, shape: KQuantShape = KQuantShape()) -> None:
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(15)  # LLAMA_FTYPE_MOSTLY_Q4_K_M
 
-    specials = ["<unk>", "<s>", "</s>"]
-    byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    words = [f"\u2581w{i}" for i in range(shape.vocab - len(specials) - len(byte_tokens))]
-    writer.add_tokenizer_model("llama")
-    writer.add_token_list(specials + byte_tokens + words)
-    writer.add_token_scores([0.0] * (len(specials) + len(byte_tokens)) + [-float(i) for i in range(len(words))])
-    writer.add_token_types([2, 3, 3] + [6] * len(byte_tokens) + [1] * len(words))
-    writer.add_unk_token_id(0)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
+    add_spm_vocab(writer, shape.vocab)
 
     def weight(name: str, rows: int, cols: int, kind: str, std: float) -> None:
         if kind == "q4_K":
@@ -127,7 +140,4 @@ def write_llama_kquant(path: Path, shape: KQuantShape = KQuantShape()) -> None:
     norm("output_norm.weight")
     weight("output.weight", shape.vocab, shape.embd, "q6_K", 0.5)
 
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    write_out(writer)
