@@ -22,7 +22,7 @@ from provision.core import catalog as catalog_mod
 from provision.core import layout, paths
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
-from provision.images import render
+from provision.images import render, sources
 
 
 @dataclass(frozen=True)
@@ -125,11 +125,7 @@ def slim_rootfs(rootfs: Path) -> None:
 
 def offline_cmake_input() -> tuple[Path, str]:
     path = layout.patches_dir() / "cmake" / render.OFFLINE_CMAKE_INCLUDE
-    return path, hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return path, sources.sha256_file(path)
 
 
 def local_input_files(stack: catalog_mod.Stack) -> dict[str, Path]:
@@ -150,7 +146,7 @@ def render_stack(
     base_image: str | None = None,
     model: render.ModelInput | None = None,
 ) -> render.Rendered:
-    local = {name: _sha256(path) for name, path in local_input_files(stack).items()}
+    local = {name: sources.sha256_file(path) for name, path in local_input_files(stack).items()}
     if stack.base == "debian" and base_image is None:
         base_image = base_ref("debian", pins)
     return render.render(stack, pins, base_image=base_image, local_inputs=local, model=model)

@@ -13,7 +13,6 @@ directory into place: a damaged or partial bundle never becomes the host tools.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import lzma
 import os
@@ -24,6 +23,7 @@ from pathlib import Path, PurePosixPath
 
 from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.core.paths import cache_dir
+from provision.images.sources import sha256_file
 
 MANIFEST = "bundle.json"
 FORMAT = 1
@@ -38,16 +38,9 @@ def is_bundle(root: Path) -> bool:
     return (root / MANIFEST).is_file()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def hashes(top: Path) -> dict[str, str]:
-    return {str(p.relative_to(top)): _sha256(p) for p in sorted(top.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    files = (p for p in sorted(top.rglob("*")) if p.is_file() and p.name != MANIFEST)
+    return {str(p.relative_to(top)): sha256_file(p) for p in files}
 
 
 def compression_for(dest: Path) -> str:
