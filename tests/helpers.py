@@ -56,3 +56,12 @@ def catalog_file_with(tmp_path: Path, mutate: Mutate) -> Path:
     path = tmp_path / "stacks.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def gone(pid: int) -> bool:
+    """No process has ``pid`` any more (a zombie still counts as there)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

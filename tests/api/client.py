@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import gone
+
 LISTENING = re.compile(r"listening on http://([0-9.]+):(\d+)")
 
 
@@ -128,14 +130,6 @@ def api_server(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 def wait_gone(pid: int, timeout: float = 30) -> bool:

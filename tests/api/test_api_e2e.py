@@ -24,7 +24,8 @@ from provision.core import catalog
 from provision.hosts.linux import backend as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
-from tests.api.client import Api, api_server, gone, wait_gone
+from tests.api.client import Api, api_server, wait_gone
+from tests.helpers import gone
 
 pytestmark = pytest.mark.slow
 

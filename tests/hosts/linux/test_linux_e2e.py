@@ -27,7 +27,7 @@ from provision.hosts.linux import backend as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from provision.models import store as models
-from tests.helpers import run_provision
+from tests.helpers import gone, run_provision
 
 pytestmark = pytest.mark.slow
 
@@ -46,14 +46,6 @@ def qemu_pid(stderr: str) -> int:
     m = re.search(r"qemu pid=(\d+)", stderr)
     assert m, f"no qemu pid reported: {stderr[-800:]}"
     return int(m.group(1))
-
-
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
 
 
 @pytest.fixture(scope="module")
