@@ -193,6 +193,16 @@ _BUILD_KEYS = {"source", "cmake_flags", "targets", "packages", "patches"}
 _BUILD_REQUIRED = {"source", "cmake_flags", "targets", "packages"}
 
 
+def _require_pinned(
+    v: _Validator, pins: pins_mod.Pins, section: str, where: str, packages: tuple[str, ...] | list[str]
+) -> None:
+    """Every Debian package a stack names has its version in the pins (debian.<section>)."""
+    pinned = pins.raw["debian"].get(section, {})
+    for i, pkg in enumerate(packages):
+        if pkg not in pinned:
+            raise v.fail(f"{where}[{i}]", pkg, f"no version pinned under debian.{section} in {pins.path}")
+
+
 def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
     v = _Validator(path)
     pins = pins or pins_mod.default()
@@ -241,25 +251,13 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
                 if not (layout.patches_dir() / patch).is_file():
                     raise v.fail(f"{key}.build.patches[{i}]", patch, f"no such file under {layout.patches_dir()}")
             if base == "debian":
-                pinned_build = pins.raw["debian"].get("build_packages", {})
-                for i, pkg in enumerate(build.packages):
-                    if pkg not in pinned_build:
-                        raise v.fail(
-                            f"{key}.build.packages[{i}]",
-                            pkg,
-                            f"no version pinned under debian.build_packages in {pins.path}",
-                        )
+                _require_pinned(v, pins, "build_packages", f"{key}.build.packages", build.packages)
             for i, flag in enumerate(build.cmake_flags):
                 if not flag.startswith("-D"):
                     raise v.fail(f"{key}.build.cmake_flags[{i}]", flag, "cmake flags must be -DNAME=VALUE")
         packages = v.tokens(s.get("packages", []), f"{key}.packages")
         if base == "debian":
-            pinned = pins.raw["debian"]["guest_packages"]
-            for i, pkg in enumerate(packages):
-                if pkg not in pinned:
-                    raise v.fail(
-                        f"{key}.packages[{i}]", pkg, f"no version pinned under debian.guest_packages in {pins.path}"
-                    )
+            _require_pinned(v, pins, "guest_packages", f"{key}.packages", packages)
         boot = None
         if "boot" in s:
             if base != "debian":
@@ -268,14 +266,7 @@ def parse(data: Any, path: Path, pins: pins_mod.Pins | None = None) -> Catalog:
             boot = Boot(
                 v.tokens(braw["packages"], f"{key}.boot.packages"), v.tokens(braw["modules"], f"{key}.boot.modules")
             )
-            pinned = pins.raw["debian"]["guest_packages"]
-            for i, pkg in enumerate(boot.packages):
-                if pkg not in pinned:
-                    raise v.fail(
-                        f"{key}.boot.packages[{i}]",
-                        pkg,
-                        f"no version pinned under debian.guest_packages in {pins.path}",
-                    )
+            _require_pinned(v, pins, "guest_packages", f"{key}.boot.packages", boot.packages)
             for i, mod in enumerate(boot.modules):
                 if not _MODULE.match(mod):
                     raise v.fail(f"{key}.boot.modules[{i}]", mod, "a kernel module name (lowercase, digits, _ and -)")

@@ -107,6 +107,11 @@ def test_unknown_key_names_its_path(tmp_path):
             "stacks.cpu.boot.packages[0]",
             "linux-image-rt",
         ),
+        (
+            lambda d: d["stacks"]["llama-apir-linux"]["build"]["packages"].append("gcc-13"),
+            "stacks.llama-apir-linux.build.packages[7]",
+            "gcc-13",
+        ),
     ],
 )
 def test_unsafe_or_unpinned_values_are_rejected(tmp_path, mutate, key, value):
