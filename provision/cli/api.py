@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.cli.output import command
 from provision.core.errors import InvalidValue, WrongPlatform
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -23,15 +23,13 @@ COMMANDS = {
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.api import settings as api_settings
 
-    p = sub.add_parser(
+    p = command(
+        sub,
         "api",
-        help=COMMANDS["api"],
-        epilog=example(
-            "provision api --listen 127.0.0.1:8080 --max-vms 2",
-            "curl -s -X POST http://127.0.0.1:8080/api/v1/execute -H 'content-type: application/json' "
+        COMMANDS["api"],
+        "provision api --listen 127.0.0.1:8080 --max-vms 2",
+        "curl -s -X POST http://127.0.0.1:8080/api/v1/execute -H 'content-type: application/json' "
             """-d '{"language": "llama-linux", "gpu": true, "code": "vulkaninfo --summary"}'""",
-        ),
-        formatter_class=EXAMPLE_FORMAT,
     )
     p.add_argument(
         "--listen",

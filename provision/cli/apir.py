@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core import values
 
 if TYPE_CHECKING:
@@ -23,18 +23,13 @@ COMMANDS = {
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.adapters.apir import ENV_BACKEND, ENV_GGML_PATH, ENV_GGML_REG
 
-    p = sub.add_parser(
-        "apir",
-        help=COMMANDS["apir"],
-        epilog=example("provision apir check --json", "provision apir protocol"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "apir", COMMANDS["apir"], "provision apir check --json", "provision apir protocol")
     actions = p.add_subparsers(dest="apir_command", metavar="ACTION", required=True)
-    c = actions.add_parser(
+    c = command(
+        actions,
         "check",
-        help="load the host backend like virglrenderer does and query its device",
-        epilog=example("provision apir check --json"),
-        formatter_class=EXAMPLE_FORMAT,
+        "load the host backend like virglrenderer does and query its device",
+        "provision apir check --json",
     )
     c.add_argument("--backend", help=f"libggml-virtgpu-backend.so (default: ${ENV_BACKEND})")
     c.add_argument("--ggml-library", help=f"ggml backend library to serve (default: ${ENV_GGML_PATH})")
@@ -43,12 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="also allocate, clear and free a buffer of this many MiB on the device")
     c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=run_check)
-    v = actions.add_parser(
-        "protocol",
-        help="APIR protocol of the pinned guest and host trees",
-        epilog=example("provision apir protocol"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    v = command(actions, "protocol", "APIR protocol of the pinned guest and host trees", "provision apir protocol")
     v.add_argument("--json", action="store_true", help="machine-readable output")
     v.set_defaults(func=run_protocol)
 

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core import values
 from provision.core.errors import InvalidValue, VmFailed
 
@@ -18,12 +18,7 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "bench",
-        help=COMMANDS["bench"],
-        epilog=example("provision bench llama-linux --model tiny-llama --out out/bench"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench")
     p.add_argument("stack")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")

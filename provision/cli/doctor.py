@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core import values
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -16,12 +16,7 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "doctor",
-        help=COMMANDS["doctor"],
-        epilog=example("provision doctor", "provision doctor --json"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "doctor", COMMANDS["doctor"], "provision doctor", "provision doctor --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--krun", type=Path, default=None, help="krun bundle prefix (default: the Nix profile)")
     p.add_argument("--machine", default=None, help="podman machine name (macOS)")

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core import values
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -20,18 +20,13 @@ COMMANDS = {
 def register(sub: argparse._SubParsersAction) -> None:
     from provision.apir import ggml as ggml_build
 
-    p = sub.add_parser(
-        "ggml",
-        help=COMMANDS["ggml"],
-        epilog=example("provision ggml build --variant host"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "ggml", COMMANDS["ggml"], "provision ggml build --variant host")
     actions = p.add_subparsers(dest="ggml_command", metavar="ACTION", required=True)
-    b = actions.add_parser(
+    b = command(
+        actions,
         "build",
-        help="build one variant into the cache (reused when already built)",
-        epilog=example("provision ggml build --variant host -j 2"),
-        formatter_class=EXAMPLE_FORMAT,
+        "build one variant into the cache (reused when already built)",
+        "provision ggml build --variant host -j 2",
     )
     b.add_argument("--variant", choices=sorted(ggml_build.VARIANTS), default="host",
                    help="host (backend + CPU), vulkan, cuda, cuda-tools (cuda + native llama-bench, "

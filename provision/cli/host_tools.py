@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core import values
 from provision.core.errors import InvalidValue
 
@@ -17,17 +17,15 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "host-tools",
-        help=COMMANDS["host-tools"],
-        epilog=example(
-            "sudo provision host-tools",
-            "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer",
-            "sudo provision host-tools --bundle krun-host-tools.tar.zst",
-            "provision host-tools --from krun-host-tools.tar.zst",
-            "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
-        ),
-        formatter_class=EXAMPLE_FORMAT,
+        COMMANDS["host-tools"],
+        "sudo provision host-tools",
+        "sudo provision host-tools --apir --virgl-src ~/src/virglrenderer",
+        "sudo provision host-tools --bundle krun-host-tools.tar.zst",
+        "provision host-tools --from krun-host-tools.tar.zst",
+        "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
     )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
     p.add_argument("--force", action="store_true", help="rebuild even when a cached chroot exists")

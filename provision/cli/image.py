@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.cli.output import command, dumps
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -16,22 +16,20 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "image",
-        help=COMMANDS["image"],
-        epilog=example(
-            "provision image llama-linux    (short for: image build llama-linux)",
-            "provision image render llama --output out/llama",
-        ),
-        formatter_class=EXAMPLE_FORMAT,
+        COMMANDS["image"],
+        "provision image llama-linux    (short for: image build llama-linux)",
+        "provision image render llama --output out/llama",
     )
     isub = p.add_subparsers(dest="image_command", metavar="ACTION", required=True)
 
-    r = isub.add_parser(
+    r = command(
+        isub,
         "render",
-        help="write a stack's Containerfile (deterministic)",
-        epilog=example("provision image render llama --output out/llama"),
-        formatter_class=EXAMPLE_FORMAT,
+        "write a stack's Containerfile (deterministic)",
+        "provision image render llama --output out/llama",
     )
     r.add_argument("stack")
     r.add_argument("--output", "-o", help="directory to write (default: print the Containerfile)")
@@ -39,11 +37,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
     r.set_defaults(func=run_render)
 
-    b = isub.add_parser(
+    b = command(
+        isub,
         "build",
-        help="build a stack's image with podman",
-        epilog=example("provision image build llama-linux", "provision image build llama --model tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
+        "build a stack's image with podman",
+        "provision image build llama-linux",
+        "provision image build llama --model tiny-llama",
     )
     b.add_argument("stack")
     b.add_argument("--tag", "-t", help="image reference (default: localhost/krun-gpu/STACK:<content hash>)")

@@ -13,7 +13,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example
+from provision.cli.output import command, dumps
 from provision.core import values
 from provision.core.errors import WrongPlatform
 
@@ -28,12 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from provision.adapters.podman_machine import DEFAULT_MACHINE
     from provision.core.catalog import GPU_ROUTES
 
-    p = sub.add_parser(
-        "launch",
-        help=COMMANDS["launch"],
-        epilog=example("provision launch", "provision launch --route apir --dry-run"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "launch", COMMANDS["launch"], "provision launch", "provision launch --route apir --dry-run")
     p.add_argument("--route", choices=GPU_ROUTES, default="venus")
     p.add_argument("--machine", default=DEFAULT_MACHINE)
     p.add_argument("--cpus", type=int, default=None)

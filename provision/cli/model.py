@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 from provision.core.errors import ModelHashMismatch
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -16,19 +16,14 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "model",
-        help=COMMANDS["model"],
-        epilog=example("provision model synth tiny-llama", "provision model list"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "model", COMMANDS["model"], "provision model synth tiny-llama", "provision model list")
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 
-    pull = msub.add_parser(
+    pull = command(
+        msub,
         "pull",
-        help="download a model, verify its sha256 and store it",
-        epilog=example("provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX"),
-        formatter_class=EXAMPLE_FORMAT,
+        "download a model, verify its sha256 and store it",
+        "provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX",
     )
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
@@ -42,50 +37,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
-    lst = msub.add_parser(
-        "list",
-        help="catalog models and what the store holds",
-        epilog=example("provision model list --json"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    lst = command(msub, "list", "catalog models and what the store holds", "provision model list --json")
     lst.add_argument("--json", action="store_true", help="machine-readable output")
     lst.set_defaults(func=run_list)
 
-    ver = msub.add_parser(
-        "verify",
-        help="re-hash stored models against their sha256",
-        epilog=example("provision model verify tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama")
     ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
     ver.add_argument("--json", action="store_true", help="machine-readable output")
     ver.set_defaults(func=run_verify)
 
-    rm = msub.add_parser(
-        "rm",
-        help="remove a name (and its blob when no other name uses it)",
-        epilog=example("provision model rm tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    rm = command(msub, "rm", "remove a name (and its blob when no other name uses it)", "provision model rm tiny-llama")
     rm.add_argument("name")
     rm.add_argument("--json", action="store_true", help="machine-readable output")
     rm.set_defaults(func=run_rm)
 
-    path = msub.add_parser(
-        "path",
-        help="print the stored file of a model",
-        epilog=example("provision model path tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    path = command(msub, "path", "print the stored file of a model", "provision model path tiny-llama")
     path.add_argument("name")
     path.add_argument("--json", action="store_true", help="machine-readable output")
     path.set_defaults(func=run_path)
 
-    syn = msub.add_parser(
+    syn = command(
+        msub,
         "synth",
-        help="write a synthetic model (tiny-llama) and check it against its pin",
-        epilog=example("provision model synth tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
+        "write a synthetic model (tiny-llama) and check it against its pin",
+        "provision model synth tiny-llama",
     )
     syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
     syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")

@@ -26,3 +26,11 @@ EXAMPLE_FORMAT = argparse.RawDescriptionHelpFormatter
 
 def example(*commands: str) -> str:
     return "example:\n" + "\n".join(f"  {c}" for c in commands)
+
+
+def command(sub: argparse._SubParsersAction, name: str, help: str, *examples: str) -> argparse.ArgumentParser:
+    """A subcommand whose help ends with examples to copy."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=help, epilog=example(*examples), formatter_class=EXAMPLE_FORMAT
+    )
+    return parser

@@ -13,7 +13,7 @@ import importlib
 import os
 from pathlib import Path
 
-from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.cli.output import command
 from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
 
@@ -25,11 +25,11 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
+    p = command(
+        sub,
         "run",
-        help=COMMANDS["run"],
-        epilog=example("provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary"),
-        formatter_class=EXAMPLE_FORMAT,
+        COMMANDS["run"],
+        "provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary",
     )
     _options(p)
     p.add_argument("stack")

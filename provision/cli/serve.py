@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision.cli.output import EXAMPLE_FORMAT, example
+from provision.cli.output import command
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
 
@@ -36,12 +36,7 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "serve",
-        help=COMMANDS["serve"],
-        epilog=example("provision serve llama-linux --model tiny-llama --gpu --detach"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach")
     p.add_argument("stack")
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
@@ -58,32 +53,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=serve_cmd)
 
-    p = sub.add_parser(
-        "ps",
-        help=COMMANDS["ps"],
-        epilog=example("provision ps --json"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "ps", COMMANDS["ps"], "provision ps --json")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=ps_cmd)
 
-    p = sub.add_parser(
-        "stop",
-        help=COMMANDS["stop"],
-        epilog=example("provision stop llama-linux-8080"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "stop", COMMANDS["stop"], "provision stop llama-linux-8080")
     p.add_argument("name", nargs="?")
     p.add_argument("--all", action="store_true")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=stop_cmd)
 
-    p = sub.add_parser(
-        "shell",
-        help=COMMANDS["shell"],
-        epilog=example("provision shell llama-linux --gpu --model tiny-llama"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "shell", COMMANDS["shell"], "provision shell llama-linux --gpu --model tiny-llama")
     p.add_argument("stack")
     p.add_argument("--gpu", action="store_true")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from provision.cli.output import EXAMPLE_FORMAT, dumps, example, table
+from provision.cli.output import command, dumps, table
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -14,12 +14,7 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "stacks",
-        help=COMMANDS["stacks"],
-        epilog=example("provision stacks", "provision stacks --json"),
-        formatter_class=EXAMPLE_FORMAT,
-    )
+    p = command(sub, "stacks", COMMANDS["stacks"], "provision stacks", "provision stacks --json")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
