@@ -188,8 +188,12 @@ def record_of(pid: int, run_dir: Path) -> Record | None:
 
 
 def records(run_dir: Path) -> list[Record]:
-    out = []
-    for path in sorted((run_dir / RECORDS).glob("*.json")):
+    out: list[Record] = []
+    try:
+        paths = sorted((run_dir / RECORDS).iterdir())
+    except OSError:
+        return out  # no records, or the run directory was pruned while we looked
+    for path in (p for p in paths if p.suffix == ".json"):
         try:
             data = json.loads(path.read_text())
             out.append(Record(**{**data, "argv": tuple(data["argv"])}))

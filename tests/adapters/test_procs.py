@@ -186,3 +186,34 @@ def test_a_reused_pid_is_not_taken_for_a_recorded_process(tmp_path: Path) -> Non
         assert p.poll() is None  # a process that merely has the recorded pid is left alone
     finally:
         procs.finish(p, tmp_path)
+
+
+def test_reading_records_survives_a_run_directory_pruned_meanwhile(tmp_path: Path) -> None:
+    # Another job prunes finished run directories while this one looks for leftovers: the
+    # records folder can vanish between being found and being listed.
+    import dataclasses
+    import shutil
+    import threading
+
+    run_dir = tmp_path / "run"
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            (run_dir / procs.RECORDS).mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert procs.records(run_dir) == []
+    finally:
+        stop.set()
+        thread.join()
+    rec = procs.Record("x", 1, 1, 1, 1, 1, ("true",))
+    (run_dir / procs.RECORDS).mkdir(parents=True)
+    (run_dir / procs.RECORDS / "1.json").write_text(json.dumps(dataclasses.asdict(rec)))
+    (run_dir / procs.RECORDS / "1.json.tmp").write_text("{")
+    assert procs.records(run_dir) == [rec]
