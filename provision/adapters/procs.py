@@ -24,7 +24,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -34,13 +36,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from subprocess import Popen as Popen  # re-exported: the runner's callers need no subprocess
+from subprocess import TimeoutExpired as TimeoutExpired
 from typing import Any
 
 from provision.adapters.signals import STOP_SIGNALS
 from provision.core.paths import cache_dir
 
 RECORDS = "procs"
-STDOUT = subprocess.STDOUT
+STDOUT, PIPE, DEVNULL = subprocess.STDOUT, subprocess.PIPE, subprocess.DEVNULL  # callers need no subprocess
+_log = logging.getLogger("provision.run")
 PR_SET_PDEATHSIG = 1
 
 try:
@@ -134,6 +139,7 @@ def spawn(
     child). ``tie=False`` starts a child meant to outlive this process (a detached guest): it is
     recorded but neither the reaper nor PDEATHSIG stop it.
     """
+    _log.info("+ %s", shlex.join(argv))  # -v shows every program provision runs
     if tie:
         _Reaper.get().watch(run_dir)
     # PDEATHSIG fires when the forking *thread* ends: only the main thread lives as long as provision.

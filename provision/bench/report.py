@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from provision.core import outputs
 from provision.core.errors import BenchGateFailed, InvalidValue
 
 GATE_FACTOR = 2.0
@@ -157,11 +158,26 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(data: dict[str, Any], path: Path) -> Path:
-    tmp = path.with_suffix(path.suffix + ".partial")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.rename(path)
+def _write_whole(path: Path, text: str) -> Path:
+    outputs.write_text(path, text, flag="--out", force=True)  # the one whole-or-nothing writer
     return path
+
+
+def write_report(data: dict[str, Any], path: Path) -> Path:
+    return _write_whole(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_markdown(data: dict[str, Any], path: Path) -> Path:
+    return _write_whole(path, markdown(data))
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    """What one `provision bench` measured: the report (as written to JSON), its rows and its gate."""
+
+    data: dict[str, Any]
+    results: list[BenchResult]
+    gate: Gate
 
 
 def plot(results: list[BenchResult], title: str, path: Path) -> Path | None:

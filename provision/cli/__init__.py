@@ -1,30 +1,39 @@
 """The thin command line: parse, call one domain function, print, map errors to exit codes.
 
 Each command group lives in its own module with ``register(subparsers)``; the handler it
-sets returns an exit status. Errors are ProvisionError subclasses (provision/core/errors.py):
-each prints ``E0NN: message`` and a ``fix:`` line (and, with ``--json``, a JSON error on
-stdout). Argument errors are E003. Anything else is a bug: a short report, the traceback in a
-file, exit status ``errors.INTERNAL_ERROR_STATUS``; never a traceback on the terminal.
-May import every package; nothing imports it.
+sets returns a ``provision.core.result.Result`` (or a bare exit status for commands whose
+output is a guest's stream), and ``output.emit`` prints it: text, or with ``--json`` one
+envelope ``{"command", "status", "data", "error"}``. ``main`` builds the settings once
+(provision/core/settings.py), sets up logging (``-v``/``-q``, a log file per invocation) and
+hands the settings down as ``args.settings``. Errors are ProvisionError subclasses
+(provision/core/errors.py): each prints ``E0NN: message`` and a ``fix:`` line (with ``--json``,
+the same envelope with status "error" on stdout). Argument errors are E003. Anything else is a
+bug: a short report, the traceback in a file, exit status ``errors.INTERNAL_ERROR_STATUS``;
+never a traceback on the terminal.
+
+May import: everything; nothing imports it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from provision.cli import output
+from provision.core import log
 from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, ProvisionError
 
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
 COMMAND_MODULES = [
     "stacks", "image", "model", "host_tools", "launch", "run", "serve", "bench", "doctor", "ggml", "apir", "api",
+    "config",
 ]  # fmt: skip
 
 DESCRIPTION = """\
@@ -47,6 +56,9 @@ quick start (macOS):
   provision run llama --gpu --model tiny-llama -- llama-bench -m "$MODEL" -dev Vulkan0
 
 `provision COMMAND --help` shows each command's options and an example."""
+
+# Commands with actions: the envelope names them with their action ("model pull").
+GROUPS = ("image", "model", "ggml", "apir", "config")
 
 # `provision image STACK` is the design card's short form of `provision image build STACK`.
 IMAGE_ACTIONS = ("render", "build")
@@ -77,6 +89,10 @@ def build_parser(command: str | None = None, *, full: bool = True) -> argparse.A
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {importlib.import_module('provision').__version__}"
     )
+    output.verbosity_flags(parser, default=None)
+    parser.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="a setting for this command, over the config files and PROVISION_* "
+                        "(`provision config show` lists the keys)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
         module = importlib.import_module(f"{__name__}.{name}")
@@ -122,19 +138,27 @@ def _crash_dir() -> Path:
     return paths.cache_dir("crash")
 
 
+def _command_path(argv: Sequence[str]) -> str:
+    """The command as the envelope names it ("model pull") when parsing did not get that far."""
+    words = [a for a in (list(argv)[: list(argv).index("--")] if "--" in argv else argv) if not a.startswith("-")]
+    return " ".join(words[:2] if words[:1] and words[0] in GROUPS else words[:1]) or "provision"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
     want_json = _wants_json(argv)
+    command = _command_path(argv)
     from provision.adapters import signals
 
     signals.stop_on_signals()  # SIGTERM/SIGHUP unwind like Ctrl-C: children stopped, exit 128+N
     try:
         args = build_parser(_command_of(argv), full=False).parse_args(argv)
         want_json = want_json or bool(getattr(args, "json", False))
-        return int(args.func(args) or 0)
+        command = getattr(args, "command_name", command)
+        return _dispatch(args, command, want_json, argv)
     except ProvisionError as exc:
         if want_json:
-            print(json.dumps({"error": exc.as_dict()}, indent=2))
+            output.emit_error(command, exc.as_dict())
         print(exc.render(), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: 128 + the signal's number
@@ -150,8 +174,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         detail = f"details: {where}" if where else "no place to write details was writable"
         message = f"internal error: {type(exc).__name__}: {exc}"
         if want_json:
-            error = {"code": "internal", "message": message, "details": str(where) if where else None,
-                     "exit_status": INTERNAL_ERROR_STATUS}  # fmt: skip
-            print(json.dumps({"error": error}, indent=2))
+            output.emit_error(command, {"code": "internal", "message": message, "fix": "report it with that file",
+                                        "details": str(where) if where else None,
+                                        "exit_status": INTERNAL_ERROR_STATUS})  # fmt: skip
         print(f"{message}\n  {detail}\n  fix: this is a bug in provision; report it with that file", file=sys.stderr)
         return INTERNAL_ERROR_STATUS
+    finally:
+        log.close()
+
+
+def _dispatch(args: argparse.Namespace, command: str, want_json: bool, argv: Sequence[str]) -> int:
+    """Build the settings once (defaults, files, environment, flags), open the log, run the handler, render."""
+    import logging
+
+    from provision.core import paths
+    from provision.core import settings as settings_mod
+
+    settings = settings_mod.load(flags=getattr(args, "set", None) or ())
+    # Modules not yet handed the settings read PROVISION_*: a file's or a flag's value reaches them (and
+    # the programs they start) as the variable it stands for. The environment layer already is there.
+    bridged = settings.environ()
+    saved = {k: os.environ.get(k) for k in bridged}
+    os.environ.update(bridged)
+    args.settings = settings
+    try:
+        with settings_mod.installed(settings):
+            where = log.setup(getattr(args, "verbose", 0) or 0, bool(getattr(args, "quiet", False)),
+                              paths.state_dir("logs"), command)  # fmt: skip
+            logging.getLogger("provision.cli").debug("provision %s (log %s)", shlex.join(argv), where)
+            return output.emit(command, args.func(args), as_json=want_json)
+    finally:  # one command's settings end with it (tests call main() many times in one process)
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

@@ -7,7 +7,6 @@ here, so other commands do not pay for them. docs/api.md describes the endpoints
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from provision.cli.output import command
@@ -51,9 +50,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision import hosts
     from provision.api import settings as api_settings
 
-    if not sys.platform.startswith("linux"):
+    if not hosts.native_is("linux"):
         raise WrongPlatform("provision api runs Linux guests (QEMU) and needs a Linux host")
     if args.max_vms < 1:
         raise InvalidValue(f"--max-vms {args.max_vms}: expected a positive integer", fix="--max-vms 2")

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING, Any
 
-from provision.cli.output import command, dumps, table
+from provision.cli.output import command, table
 from provision.core import values
+from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.adapters.apir import ProbeResult
@@ -30,16 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "check",
         "load the host backend like virglrenderer does and query its device",
         "provision apir check --json",
+        json=True,
     )
     c.add_argument("--backend", help=f"libggml-virtgpu-backend.so (default: ${ENV_BACKEND})")
     c.add_argument("--ggml-library", help=f"ggml backend library to serve (default: ${ENV_GGML_PATH})")
     c.add_argument("--reg", help=f"its registration symbol (default: ${ENV_GGML_REG})")
     c.add_argument("--alloc-mib", type=int, default=0,
                    help="also allocate, clear and free a buffer of this many MiB on the device")
-    c.add_argument("--json", action="store_true", help="machine-readable output")
     c.set_defaults(func=run_check)
-    v = command(actions, "protocol", "APIR protocol of the pinned guest and host trees", "provision apir protocol")
-    v.add_argument("--json", action="store_true", help="machine-readable output")
+    v = command(actions, "protocol", "APIR protocol of the pinned guest and host trees", "provision apir protocol",
+                json=True)
     v.set_defaults(func=run_protocol)
 
 
@@ -74,40 +74,27 @@ def report_rows(result: ProbeResult) -> list[tuple[str, Any]]:
     return rows
 
 
-def run_check(args: argparse.Namespace) -> int:
+def run_check(args: argparse.Namespace) -> Result:
     from provision.apir import preflight as apir
 
     values.int_range(args.alloc_mib, "--alloc-mib", 0, 1 << 20, why="MiB; 0 allocates nothing")
     settings = apir.ApirSettings.resolve(backend=args.backend, ggml_library=args.ggml_library, ggml_reg=args.reg)
     result = apir.probe(settings, alloc_bytes=args.alloc_mib << 20)
     error = apir.failure(result, settings)
-    if args.json:
-        print(dumps({"ok": error is None, "settings": settings.__dict__, "result": result.as_dict(),
-                     "error": error.as_dict() if error else None}))
-        if error:
-            print(error.render(), file=sys.stderr)
-            return error.exit_status
-        return 0
-    print(table(["CHECK", "VALUE"], report_rows(result)))
-    for line in result.logs:
-        print(f"  ggml log {line}")
-    if error:
-        raise error
-    print("APIR host backend: OK")
-    return 0
+    lines = [table(["CHECK", "VALUE"], report_rows(result)), *(f"  ggml log {line}" for line in result.logs)]
+    if error is None:
+        lines.append("APIR host backend: OK")
+    return Result({"settings": settings.__dict__, "result": result.as_dict()}, "\n".join(lines), error=error)
 
 
-def run_protocol(args: argparse.Namespace) -> int:
+def run_protocol(args: argparse.Namespace) -> Result:
     from provision.apir import preflight as apir
 
     guest, host = apir.guest_protocol(), apir.host_protocol()
     check = apir.protocol_check(guest, host)
-    if args.json:
-        print(dumps({"guest": apir.format_protocol(guest), "host": apir.format_protocol(host),
-                     "label": {apir.LABEL_PROTOCOL: apir.format_protocol(guest)}, "check": check.as_dict()}))
-        return 0
-    print(table(["FIELD", "VALUE"], [("guest (llama.cpp pin)", apir.format_protocol(guest)),
+    data = {"guest": apir.format_protocol(guest), "host": apir.format_protocol(host),
+            "label": {apir.LABEL_PROTOCOL: apir.format_protocol(guest)}, "check": check.as_dict()}  # fmt: skip
+    return Result(data, table(["FIELD", "VALUE"], [("guest (llama.cpp pin)", apir.format_protocol(guest)),
                                       ("host (virglrenderer-apir pin)", apir.format_protocol(host)),
                                       ("image label", f"{apir.LABEL_PROTOCOL}={apir.format_protocol(guest)}"),
                                       ("check", f"{check.status}: {check.evidence}")]))
-    return 0

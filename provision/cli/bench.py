@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 
-from provision.cli.output import command, dumps, table
+from provision.cli.output import command, table
 from provision.core import values
-from provision.core.errors import InvalidValue, VmFailed
+from provision.core.errors import BenchGateFailed, InvalidValue
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -18,7 +18,8 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench")
+    p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench",
+                json=True)
     p.add_argument("stack")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
@@ -27,95 +28,53 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--venus-stack", default="llama-linux",
                    help="APIR stacks: the Venus stack benched in the same run for comparison (default llama-linux)")
     p.add_argument("--no-venus", action="store_true", help="APIR stacks: skip the Venus comparison")
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from provision.apir import route as apir_route
+def run(args: argparse.Namespace) -> Result:
+    from provision import hosts
     from provision.bench import report as bench
     from provision.cli.run import resolve_model
     from provision.core import catalog
     from provision.core.paths import cache_dir
-    from provision.hosts.linux import backend as linux
-    from provision.hosts.linux import bench as linux_bench
 
     values.seconds(args.timeout, "--timeout")
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise InvalidValue(f"--out {args.out} is a file; it must name a directory", fix="name a directory with --out")
+    host = hosts.native()  # a host that cannot bench says so (E033) in its bench()
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, True)
+    venus = catalog.load().get(args.venus_stack) if stack.route == "apir" and not args.no_venus else None
     model = resolve_model(args.model)
-    label = Path(args.model).name if Path(args.model).is_file() else args.model
     assert model is not None
-    backend = linux.backend()
-    apir = stack.route == "apir"
-    places = apir_route.GUEST_BENCH_PLACES if apir else linux_bench.GUEST_PLACES
-    runs = [(stack, places)]
-    if apir and not args.no_venus:
-        # The same model on the Venus route, in the same invocation: APIR vs Venus vs CPU vs host.
-        venus = catalog.load().get(args.venus_stack)
-        catalog.check_gpu(venus, True)
-        runs.append((venus, {"guest-gpu": linux_bench.GUEST_PLACES["guest-gpu"]}))
-    results: list[bench.BenchResult] = []
-    res = None
-    for run_stack, run_places in runs:
-        res, out, err = linux.capture_run(
-            backend, run_stack, True, model, linux_bench.guest_bench_command(run_places), args.timeout
-        )
-        if res.exit_status != 0:
-            raise VmFailed(
-                f"llama-bench in the {run_stack.name} guest exited {res.exit_status}: {err.strip()[-800:]}",
-                fix=f"see {res.run_dir}",
-            )
-        sections = bench.split_sections(out)
-        results += [r for where in run_places for r in bench.parse_llama_bench(where, sections.get(where, ""))]
-    assert res is not None
-    host_text = None if args.no_host else linux_bench.host_native_bench(model)
-    if host_text is not None:
-        results += bench.parse_llama_bench("host-native", host_text)
-    gpu_where = "guest-apir" if apir else "guest-gpu"
-    gate = bench.gate(results, gpu_where=gpu_where)
-    out_dir = args.out or cache_dir("bench")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"{stack.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    png = bench.plot(results, f"{stack.name} / {label}", out_dir / f"{stem}.png")
-    data = bench.report(
-        stack.name,
-        label,
-        results,
-        gate,
-        {
-            "accel": res.accel,
-            "guest_wall_s": round(res.wall_s, 1),
-            "host_native": host_text is not None,
-            "png": str(png) if png else None,
-        },
-        gpu_where=gpu_where,
-    )
-    json_path = bench.write_report(data, out_dir / f"{stem}.json")
-    md = out_dir / f"{stem}.md"
-    md.with_suffix(".md.partial").write_text(bench.markdown(data))
-    md.with_suffix(".md.partial").rename(md)
-    if args.json:
-        print(dumps({**data, "json": str(json_path)}))
-    else:
-        print(table(bench.HEADERS, bench.rows(results)))
-        ratio = data["remoting_ratio"]
-        print(
-            f"\ngate: pp guest GPU / guest CPU = {gate.factor:.2f}x (need >= {gate.required:g}x): "
-            f"{'holds' if gate.holds else 'FAILS'}"
-        )
+    label = Path(args.model).name if Path(args.model).is_file() else args.model
+    req = hosts.BenchRequest(stack, model, label, args.timeout, args.out or cache_dir("bench"),
+                             host_baseline=not args.no_host, venus_stack=venus)  # fmt: skip
+    done = host.bench(req)
+    data = done.data
+    gate = done.gate
+
+    def text() -> str:
+        lines = [table(bench.HEADERS, bench.rows(done.results))]
+        lines.append(f"\ngate: pp guest GPU / guest CPU = {gate.factor:.2f}x (need >= {gate.required:g}x): "
+                     f"{'holds' if gate.holds else 'FAILS'}")  # fmt: skip
+        ratio, gpu_where = data["remoting_ratio"], "guest-apir" if stack.route == "apir" else "guest-gpu"
         if ratio:
-            print(f"remoting ratio ({gpu_where} / host native): " + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))
+            lines.append(f"remoting ratio ({gpu_where} / host native): "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))  # fmt: skip
         if data.get("remoting_ratio_venus"):
-            print("remoting ratio (guest Venus / host native): "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in data["remoting_ratio_venus"].items()))
+            lines.append("remoting ratio (guest Venus / host native): "
+                         + ", ".join(f"{k} {v:.2f}" for k, v in data["remoting_ratio_venus"].items()))  # fmt: skip
         else:
-            print("remoting ratio: no host-native llama.cpp baseline")
-        print(
-            f"report: {json_path}"
-            + (f"\nplot: {png}" if png else "\nplot: skipped (install the `plot` extra: matplotlib)")
-        )
-    bench.check_gate(gate)
-    return 0
+            lines.append("remoting ratio: no host-native llama.cpp baseline")
+        png = data.get("png")
+        lines.append(f"report: {data['json']}" + (f"\nplot: {png}" if png else
+                     "\nplot: skipped (install the `plot` extra: matplotlib)"))  # fmt: skip
+        return "\n".join(lines)
+
+    error = None
+    try:
+        bench.check_gate(gate)
+    except BenchGateFailed as exc:
+        error = exc
+    return Result(data, text, error=error)

@@ -7,8 +7,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from provision.cli.output import command, dumps, table
+from provision.cli.output import command, table
 from provision.core import values
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -27,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "build",
         "build one variant into the cache (reused when already built)",
         "provision ggml build --variant host -j 2",
+        json=True,
     )
     b.add_argument("--variant", choices=sorted(ggml_build.VARIANTS), default="host",
                    help="host (backend + CPU), vulkan, cuda, cuda-tools (cuda + native llama-bench, "
@@ -37,11 +39,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a copy of the pinned llama.cpp tree to build instead of the sdist's (offline machines)")
     b.add_argument("--force", action="store_true", help="rebuild even when the cache has this build")
     b.add_argument("--dry-run", action="store_true", help="print the plan (commands, key) and build nothing")
-    b.add_argument("--json", action="store_true", help="machine-readable output")
     b.set_defaults(func=run_build)
 
 
-def run_build(args: argparse.Namespace) -> int:
+def run_build(args: argparse.Namespace) -> Result:
     from provision.apir import builds
     from provision.apir import ggml as ggml_build
 
@@ -52,22 +53,13 @@ def run_build(args: argparse.Namespace) -> int:
     if args.dry_run:
         plan, _ = builds.plan_for(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
                                   fetch=False)
-        if args.json:
-            print(dumps(plan.as_dict()))
-        else:
-            print(f"# ggml {plan.variant} build, cache key {plan.key}")
-            print(shlex.join(plan.configure))
-            print(shlex.join(plan.build))
-        return 0
+        return Result(plan.as_dict(), "\n".join([f"# ggml {plan.variant} build, cache key {plan.key}",
+                                                 shlex.join(plan.configure), shlex.join(plan.build)]))
     built = builds.ensure(args.variant, jobs=args.jobs, cuda_architectures=cuda_arch, source=args.source,
                           force=args.force)
-    if args.json:
-        print(dumps({"variant": built.variant, "key": built.key, "bin_dir": str(built.bin_dir),
-                     "manifest": built.manifest}))
-        return 0
+    data = {"variant": built.variant, "key": built.key, "bin_dir": str(built.bin_dir), "manifest": built.manifest}
     m: dict[str, Any] = dict(built.manifest)
     rows = [("variant", built.variant), ("bin", built.bin_dir), ("targets", " ".join(m["targets"])),
             ("apir protocol", ".".join(str(x) for x in m["apir_protocol"])),
             ("timings", m.get("timings")), ("built", m.get("built_at"))]
-    print(table(["FIELD", "VALUE"], rows))
-    return 0
+    return Result(data, table(["FIELD", "VALUE"], rows))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from provision.cli.output import command, dumps, table
+from provision.cli.output import checks_table, command
 from provision.core import values
 from provision.core.errors import InvalidValue
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -26,10 +27,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sudo provision host-tools --bundle krun-host-tools.tar.zst",
         "provision host-tools --from krun-host-tools.tar.zst",
         "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
+        json=True,
     )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
     p.add_argument("--force", action="store_true", help="rebuild even when a cached chroot exists")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument(
         "--apir",
         action="store_true",
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Result:
     from provision.apir import host as apir_host
     from provision.core.diagnostics import failed
     from provision.hosts.linux import tools as host_tools
@@ -75,17 +76,15 @@ def run(args: argparse.Namespace) -> int:
     checks = host_tools.checks()
     if args.apir or apir_host.locate() is not None:
         checks += apir_host.checks()
-    if args.json:
-        tools = host_tools.locate()
-        print(dumps({"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]}))
-    else:
-        print(
-            table(["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks])
-        )
-    return 1 if failed(checks) else 0
+    tools = host_tools.locate()
+    return Result(
+        {"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]},
+        lambda: checks_table(checks),
+        exit_status=1 if failed(checks) else 0,
+    )
 
 
-def _bundle(args: argparse.Namespace) -> int:
+def _bundle(args: argparse.Namespace) -> Result:
     from provision.core import catalog
     from provision.hosts.linux import bundle, bundle_archive, disks
     from provision.hosts.linux import tools as host_tools
@@ -113,18 +112,7 @@ def _bundle(args: argparse.Namespace) -> int:
         manifest = bundle.make(chroot.root, args.bundle, guest)
         checks = []
         payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
-    if args.json:
-        print(dumps(payload))
-    else:
-        for k, v in payload.items():
-            if k != "checks":
-                print(f"{k}: {v}")
-        if checks:
-            print(
-                table(
-                    ["CHECK", "STATUS", "EVIDENCE", "FIX"], [(c.id, c.status, c.evidence, c.fix or "") for c in checks]
-                )
-            )
     from provision.core.diagnostics import failed
 
-    return 1 if failed(checks) else 0
+    lines = [f"{k}: {v}" for k, v in payload.items() if k != "checks"] + ([checks_table(checks)] if checks else [])
+    return Result(payload, "\n".join(lines), exit_status=1 if failed(checks) else 0)

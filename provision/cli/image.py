@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from provision.cli.output import command, dumps
+from provision.cli.output import command
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -30,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "render",
         "write a stack's Containerfile (deterministic)",
         "provision image render llama --output out/llama",
+        json=True,
     )
     r.add_argument("stack")
     r.add_argument("--output", "-o", help="directory to write (default: print the Containerfile)")
@@ -43,17 +44,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "build a stack's image with podman",
         "provision image build llama-linux",
         "provision image build llama --model tiny-llama",
+        json=True,
     )
     b.add_argument("stack")
     b.add_argument("--tag", "-t", help="image reference (default: localhost/krun-gpu/STACK:<content hash>)")
     b.add_argument("--model", help="bake this catalog model into the image (verified on the host and in the build)")
     b.add_argument("--base-image", help=argparse.SUPPRESS)
     b.add_argument("--catalog", type=Path, help=argparse.SUPPRESS)
-    b.add_argument("--json", action="store_true", help="print the result as JSON")
     b.set_defaults(func=run_build)
 
 
-def run_render(args: argparse.Namespace) -> int:
+def run_render(args: argparse.Namespace) -> Result:
     from provision.core import catalog, outputs, pins
     from provision.images import build as images
 
@@ -62,14 +63,12 @@ def run_render(args: argparse.Namespace) -> int:
     rendered = images.render_stack(stack, p)
     out_dir = outputs.output_path(args.output, "--output")
     if out_dir is None:
-        sys.stdout.write(rendered.containerfile)
-        return 0
-    for path in rendered.write(out_dir, force=args.force):
-        print(path)
-    return 0
+        return Result(data={"containerfile": rendered.containerfile}, text=rendered.containerfile)
+    written = [str(path) for path in rendered.write(out_dir, force=args.force)]
+    return Result(data={"written": written}, text="\n".join(written))
 
 
-def run_build(args: argparse.Namespace) -> int:
+def run_build(args: argparse.Namespace) -> Result:
     from provision.core import catalog, values
     from provision.images import build as images
     from provision.models.refs import check_name
@@ -88,31 +87,24 @@ def run_build(args: argparse.Namespace) -> int:
         base_image=args.base_image,
     )
     r = built.totals
-    if args.json:
-        print(
-            dumps(
-                {
-                    "ref": built.ref,
-                    "id": built.image_id,
-                    "stack": built.stack,
-                    "steps": r.steps,
-                    "layer_steps": r.layer_steps,
-                    "cached_steps": r.cached_steps,
-                    "size_bytes": built.result.size,
-                    "package_stages": [
-                        {"stage": s.stage, "ref": s.ref, "id": s.result.image_id, "size_bytes": s.result.size}
-                        for s in built.stages
-                    ],
-                }
-            )
-        )
-    else:
-        print(f"built {built.ref} ({built.image_id[:12]}): {r.layer_steps} layer steps, {r.cached_steps} from cache")
-        # Every image this build made, with its size as `podman image ls` counts it (all layers).
-        for s in built.stages:
-            print(f"  {human_size(s.result.size):>10}  {s.ref}  ({s.stage} packages)")
-        print(f"  {human_size(built.result.size):>10}  {built.ref}  (the {built.stack} image)")
-    return 0
+    data = {
+        "ref": built.ref,
+        "id": built.image_id,
+        "stack": built.stack,
+        "steps": r.steps,
+        "layer_steps": r.layer_steps,
+        "cached_steps": r.cached_steps,
+        "size_bytes": built.result.size,
+        "package_stages": [
+            {"stage": s.stage, "ref": s.ref, "id": s.result.image_id, "size_bytes": s.result.size}
+            for s in built.stages
+        ],
+    }
+    lines = [f"built {built.ref} ({built.image_id[:12]}): {r.layer_steps} layer steps, {r.cached_steps} from cache"]
+    # Every image this build made, with its size as `podman image ls` counts it (all layers).
+    lines += [f"  {human_size(s.result.size):>10}  {s.ref}  ({s.stage} packages)" for s in built.stages]
+    lines.append(f"  {human_size(built.result.size):>10}  {built.ref}  (the {built.stack} image)")
+    return Result(data=data, text="\n".join(lines))
 
 
 def human_size(size: int) -> str:

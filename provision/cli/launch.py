@@ -8,14 +8,13 @@ reviewed before it is run on the Mac.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import shutil
-import sys
 from pathlib import Path
 
-from provision.cli.output import command, dumps
+from provision.cli.output import command
 from provision.core import values
-from provision.core.errors import WrongPlatform
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -28,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     from provision.adapters.podman_machine import DEFAULT_MACHINE
     from provision.core.catalog import GPU_ROUTES
 
-    p = command(sub, "launch", COMMANDS["launch"], "provision launch", "provision launch --route apir --dry-run")
+    p = command(sub, "launch", COMMANDS["launch"], "provision launch", "provision launch --route apir --dry-run",
+                json=True)
     p.add_argument("--route", choices=GPU_ROUTES, default="venus")
     p.add_argument("--machine", default=DEFAULT_MACHINE)
     p.add_argument("--cpus", type=int, default=None)
@@ -43,17 +43,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--krun", type=Path, default=None, help="krun bundle prefix (default: the Nix profile)")
     p.add_argument("--apir-log-dir", default=None, help="APIR route: write virglrenderer/ggml APIR logs here")
     p.add_argument("--dry-run", action="store_true", help="print the plan (shell lines to source) and run nothing")
-    p.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON; otherwise the result")
     p.set_defaults(func=run)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Result:
+    from provision import hosts
     from provision.core import pins
     from provision.doctor import checks as doctor
-    from provision.hosts.darwin import bundle as bundle_mod
-    from provision.hosts.darwin import machine_state
-    from provision.hosts.darwin.backend import DarwinBackend, observe_machine
-    from provision.hosts.darwin.launch import LaunchRequest, check_memory, plan_launch
+    from provision.hosts.darwin.backend import DarwinBackend
+    from provision.hosts.darwin.launch import LaunchRequest, check_memory
 
     if not args.dry_run:  # a plan may be for another Mac; a launch runs here
         values.int_range(args.cpus, "--cpus", 1, os.cpu_count() or 1, why="the CPUs of this host")
@@ -66,30 +64,19 @@ def run(args: argparse.Namespace) -> int:
         apir_log_dir=args.apir_log_dir,
     )
     check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
+    backend = DarwinBackend(args.krun)
     if args.dry_run:
-        env = dict(os.environ)
-        b = bundle_mod.locate(args.krun, env=env)
-        # Off macOS (or without podman) the machine cannot be asked: plan as for a new one.
-        machine = observe_machine(request.machine, env) if sys.platform == "darwin" and shutil.which("podman") else None
-        plan = plan_launch(
-            request,
-            b,
-            pins.default().compat,
-            machine=machine,
-            recorded_route=machine_state.recorded_route(request.machine),
-        )
-        print(dumps(plan.as_dict()) if args.json else plan.shell(), end="" if not args.json else "\n")
-        return 0
-    if sys.platform != "darwin":
-        raise WrongPlatform(
-            "provision launch starts a podman machine with krunkit, which needs macOS on Apple Silicon",
+        # Off macOS (or without podman) the machine cannot be asked: the plan is for a new one.
+        plan, _bundle = backend.plan(request, dry_run=True, here=hosts.native_is("darwin"))
+        return Result(plan.as_dict(), plan.shell())
+    if not hosts.native_is("darwin"):
+        raise hosts.wrong_platform(
+            hosts.platform_key(),
+            "provision launch (a podman machine with krunkit, macOS on Apple Silicon)",
             fix="on Linux use `provision run` (QEMU route); `--dry-run` shows the macOS plan anywhere",
         )
-    plan = DarwinBackend(args.krun).launch(request)
-    if args.json:
-        print(dumps({"launched": plan.as_dict()}))
-    else:
-        for w in plan.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        print(f"machine {plan.machine} runs on the {plan.route} route (krunkit mapped {plan.expect_virglrenderer})")
-    return 0
+    plan = backend.launch(request)
+    for w in plan.warnings:
+        logging.getLogger("provision.launch").warning("warning: %s", w)
+    return Result({"launched": plan.as_dict()},
+                  f"machine {plan.machine} runs on the {plan.route} route (krunkit mapped {plan.expect_virglrenderer})")

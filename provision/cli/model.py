@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from provision.cli.output import command, dumps, table
+from provision.cli.output import command, table
 from provision.core.errors import ModelHashMismatch
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -24,6 +24,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pull",
         "download a model, verify its sha256 and store it",
         "provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX",
+        json=True,
     )
     pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
@@ -34,26 +35,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="retry when no byte arrived for S seconds (default 20, or $PROVISION_STALL_S)",
     )
-    pull.add_argument("--json", action="store_true", help="machine-readable output")
     pull.set_defaults(func=run_pull)
 
-    lst = command(msub, "list", "catalog models and what the store holds", "provision model list --json")
-    lst.add_argument("--json", action="store_true", help="machine-readable output")
+    lst = command(msub, "list", "catalog models and what the store holds", "provision model list --json", json=True)
     lst.set_defaults(func=run_list)
 
-    ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama")
+    ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama",
+                  json=True)
     ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
-    ver.add_argument("--json", action="store_true", help="machine-readable output")
     ver.set_defaults(func=run_verify)
 
-    rm = command(msub, "rm", "remove a name (and its blob when no other name uses it)", "provision model rm tiny-llama")
+    rm = command(msub, "rm", "remove a name (and its blob when no other name uses it)", "provision model rm tiny-llama",
+                 json=True)
     rm.add_argument("name")
-    rm.add_argument("--json", action="store_true", help="machine-readable output")
     rm.set_defaults(func=run_rm)
 
-    path = command(msub, "path", "print the stored file of a model", "provision model path tiny-llama")
+    path = command(msub, "path", "print the stored file of a model", "provision model path tiny-llama", json=True)
     path.add_argument("name")
-    path.add_argument("--json", action="store_true", help="machine-readable output")
     path.set_defaults(func=run_path)
 
     syn = command(
@@ -61,15 +59,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "synth",
         "write a synthetic model (tiny-llama) and check it against its pin",
         "provision model synth tiny-llama",
+        json=True,
     )
     syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
     syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
     syn.add_argument("--force", action="store_true", help="replace an existing --output file")
-    syn.add_argument("--json", action="store_true", help="machine-readable output")
     syn.set_defaults(func=run_synth)
 
 
-def run_pull(args: argparse.Namespace) -> int:
+def run_pull(args: argparse.Namespace) -> Result:
     from provision.models import store as models
     from provision.models.download import check_stall
 
@@ -82,12 +80,9 @@ def run_pull(args: argparse.Namespace) -> int:
         "fetched_bytes": result.fetched_bytes,
         "reused": result.reused,
     }
-    if args.json:
-        print(dumps(report))
-    else:
-        how = "already in the store" if result.reused else f"fetched {result.fetched_bytes} bytes"
-        print(f"{result.ref.name}: sha256 {result.ref.sha256} ({result.ref.size} bytes), {how}\n{result.path}")
-    return 0
+    how = "already in the store" if result.reused else f"fetched {result.fetched_bytes} bytes"
+    ref = result.ref
+    return Result(report, f"{ref.name}: sha256 {ref.sha256} ({ref.size} bytes), {how}\n{result.path}")
 
 
 def _pin_note(status: str | None, synth: str | None) -> str:
@@ -100,7 +95,7 @@ def _pin_note(status: str | None, synth: str | None) -> str:
     return f"hash {status}"
 
 
-def run_list(args: argparse.Namespace) -> int:
+def run_list(args: argparse.Namespace) -> Result:
     from provision.models import store as models
 
     store = models.Store()
@@ -149,20 +144,16 @@ def run_list(args: argparse.Namespace) -> int:
             "damaged": bad.reason,
             "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
         })  # fmt: skip
-    if args.json:
-        print(dumps({"store": str(store.root), "models": rows}))
-        return 0
     marks = {True: "yes", False: "-"}
-    print(table(
+    text = table(
         ["NAME", "STORED", "SIZE", "SHA256", "PIN", "NOTE"],
         [(str(r["name"]) + (" (default)" if r["default"] else "") + (" (smoke)" if r["smoke_default"] else ""),
           marks[bool(r["stored"])], r["size"], str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
-    ))  # fmt: skip
-    print(f"\nstore: {store.root}")
-    return 0
+    )  # fmt: skip
+    return Result({"store": str(store.root), "models": rows}, f"{text}\n\nstore: {store.root}")
 
 
-def run_verify(args: argparse.Namespace) -> int:
+def run_verify(args: argparse.Namespace) -> Result:
     from provision.models import store as models
 
     store = models.Store()
@@ -172,27 +163,16 @@ def run_verify(args: argparse.Namespace) -> int:
         good, damaged = store.scan()
         names = sorted([r.name for r in good] + [d.name for d in damaged])
     results = [store.verify(n) for n in names]
-    if args.json:
-        print(dumps([r.as_dict() for r in results]))
-    else:
-        for r in results:
-            print(f"{'OK ' if r.ok else 'BAD'}  {r.name}: {r.detail}")
-        if not results:
-            print("the store holds no models")
+    lines = [f"{'OK ' if r.ok else 'BAD'}  {r.name}: {r.detail}" for r in results] or ["the store holds no models"]
     bad = [r for r in results if not r.ok]
-    if bad:
-        print(
-            ModelHashMismatch(
-                "; ".join(f"{r.name}: {r.detail}" for r in bad),
-                fix=f"provision model rm {bad[0].name}, then pull (or synth) it again",
-            ).render(),
-            file=sys.stderr,
-        )
-        return ModelHashMismatch.exit_status
-    return 0
+    error = ModelHashMismatch(
+        "; ".join(f"{r.name}: {r.detail}" for r in bad),
+        fix=f"provision model rm {bad[0].name}, then pull (or synth) it again",
+    ) if bad else None  # fmt: skip
+    return Result([r.as_dict() for r in results], "\n".join(lines), error=error)
 
 
-def run_rm(args: argparse.Namespace) -> int:
+def run_rm(args: argparse.Namespace) -> Result:
     from provision.models import store as models
 
     ref = models.Store().remove(args.name)
@@ -200,19 +180,17 @@ def run_rm(args: argparse.Namespace) -> int:
         text = f"removed the damaged ref {ref.name} ({ref.reason})"
     else:
         text = f"removed {ref.name} (sha256 {ref.sha256})"
-    print(dumps({"removed": ref.as_dict()}) if args.json else text)
-    return 0
+    return Result({"removed": ref.as_dict()}, text)
 
 
-def run_path(args: argparse.Namespace) -> int:
+def run_path(args: argparse.Namespace) -> Result:
     from provision.models import store as models
 
     path = models.Store().path(args.name)
-    print(dumps({"name": args.name, "path": str(path)}) if args.json else path)
-    return 0
+    return Result({"name": args.name, "path": str(path)}, str(path))
 
 
-def run_synth(args: argparse.Namespace) -> int:
+def run_synth(args: argparse.Namespace) -> Result:
     from provision.core import outputs
     from provision.models import store as models
 
@@ -224,8 +202,5 @@ def run_synth(args: argparse.Namespace) -> int:
     else:
         result = store.synth(args.name)
         report = {"name": args.name, "sha256": result.ref.sha256, "size": result.ref.size, "path": str(result.path)}
-    if args.json:
-        print(dumps(report))
-    else:
-        print(f"{args.name}: sha256 {report['sha256']} ({report['size']} bytes) matches the pin\n{report['path']}")
-    return 0
+    sha256, size = report["sha256"], report["size"]
+    return Result(report, f"{args.name}: sha256 {sha256} ({size} bytes) matches the pin\n{report['path']}")

@@ -1,11 +1,20 @@
-"""Plain-text tables and JSON for every report (every report has --json)."""
+"""The one renderer: tables, and every report as text or one JSON envelope.
+
+Handlers return a ``provision.core.result.Result``; ``emit`` prints it as text, or with
+``--json`` as ``{"command", "status", "data", "error"}`` (sorted keys), errors included. A
+command that has a report gets ``--json`` from ``command(..., json=True)``: the flag is
+declared here and nowhere else.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
+
+from provision.core.result import Result, as_result, envelope
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -16,21 +25,60 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
+def checks_table(checks: Sequence[Any]) -> str:
+    """Checks (provision.core.diagnostics.Check) in the one column order doctor and host-tools share."""
+    rows = [(c.status.upper(), c.id, c.evidence, c.fix or "") for c in checks]
+    return table(["STATUS", "CHECK", "EVIDENCE", "FIX"], rows)
+
+
 def dumps(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str)
 
 
+def emit(command: str, outcome: Result | int | None, *, as_json: bool) -> int:
+    """Print a handler's outcome (text on stdout, its error on stderr); return the exit status."""
+    result = as_result(outcome)
+    if as_json:
+        print(dumps(envelope(command, result)))
+    else:
+        text = result.render_text()
+        if text:
+            print(text, end="" if text.endswith("\n") else "\n")
+    if result.error is not None:
+        print(result.error.render(), file=sys.stderr)
+    return result.exit
+
+
+def emit_error(command: str, error: dict[str, Any]) -> None:
+    """With ``--json``, a failure is the same envelope (status "error", data null) on stdout."""
+    print(dumps(envelope(command, None, error)))
+
+
 # Epilogs keep their line breaks: each command's help ends with examples to copy.
 EXAMPLE_FORMAT = argparse.RawDescriptionHelpFormatter
+JSON_HELP = 'print one JSON object on stdout: {"command", "status", "data", "error"}'
 
 
 def example(*commands: str) -> str:
     return "example:\n" + "\n".join(f"  {c}" for c in commands)
 
 
-def command(sub: argparse._SubParsersAction, name: str, help: str, *examples: str) -> argparse.ArgumentParser:
-    """A subcommand whose help ends with examples to copy."""
+def verbosity_flags(parser: argparse.ArgumentParser, *, default: Any = argparse.SUPPRESS) -> None:
+    """-v / -q, on the root parser and on every command (so they may follow the command's name)."""
+    parser.add_argument("-v", "--verbose", action="count", default=default,
+                        help="say more on stderr (-v: each program run; -vv: debug)")
+    parser.add_argument("-q", "--quiet", action="store_true", default=default, help="only errors on stderr")
+
+
+def command(
+    sub: argparse._SubParsersAction, name: str, help: str, *examples: str, json: bool = False
+) -> argparse.ArgumentParser:
+    """A subcommand whose help ends with examples to copy; ``json=True`` gives it ``--json``."""
     parser: argparse.ArgumentParser = sub.add_parser(
         name, help=help, epilog=example(*examples), formatter_class=EXAMPLE_FORMAT
     )
+    verbosity_flags(parser)
+    if json:
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+    parser.set_defaults(command_name=parser.prog.removeprefix("provision "))
     return parser

@@ -1,7 +1,7 @@
 """`provision run STACK [--gpu] [--route R] [--model NAME] [--timeout S] [--memory MIB] [--cpus N] -- CMD…`.
 
-Thin dispatcher: the host backend for this platform (provision.hosts.native_backend)
-does the work; GPU/route rules are the catalog's, so E007 is the same on every host.
+Thin dispatcher: this machine's host (provision.hosts.native()) does the work; GPU/route rules
+are the catalog's, so E007 is the same on every host.
 Every guest is bounded: run time, memory and CPUs have defaults and are range-checked
 (E003, provision/core/isolation.py) before anything starts.
 """
@@ -111,14 +111,13 @@ def limits(args: argparse.Namespace) -> isolation.GuestLimits:
 
 
 def run(args: argparse.Namespace) -> int:
+    from provision import hosts
     from provision.core import catalog
-    from provision.hosts import native_backend
 
     cmd = split_command(args)
     bounds = limits(args)
     stack = catalog.load().get(args.stack)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     model = resolve_model(args.model)  # verified (or refused) before any VM starts
-    backend = native_backend()
-    backend.limits = bounds
-    return backend.run(stack, args.gpu, model, cmd, bounds.timeout_s, args.route)
+    req = hosts.RunRequest(stack, args.gpu, tuple(cmd), limits=bounds, model_path=model, route=args.route)
+    return hosts.native().run(req)

@@ -8,21 +8,18 @@ supervisor in the background (hidden ``--report FILE``) and returns once it repo
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision.cli.output import command
+from provision.cli.output import command, table
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
+from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
-    from provision.serve import engine
 
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -36,7 +33,8 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach")
+    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach",
+                json=True)
     p.add_argument("stack")
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
@@ -49,26 +47,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default=None, help="name for ps/stop (default STACK-PORT)")
     p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
-    p.add_argument("--json", action="store_true")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=serve_cmd)
 
-    p = command(sub, "ps", COMMANDS["ps"], "provision ps --json")
-    p.add_argument("--json", action="store_true")
+    p = command(sub, "ps", COMMANDS["ps"], "provision ps --json", json=True)
     p.set_defaults(func=ps_cmd)
 
-    p = command(sub, "stop", COMMANDS["stop"], "provision stop llama-linux-8080")
-    p.add_argument("name", nargs="?")
-    p.add_argument("--all", action="store_true")
-    p.add_argument("--json", action="store_true")
+    p = command(sub, "stop", COMMANDS["stop"], "provision stop llama-linux-8080", json=True)
+    p.add_argument("name", nargs="?", help="a name `provision ps` lists")
+    p.add_argument("--all", action="store_true", help="stop every served model")
     p.set_defaults(func=stop_cmd)
 
     p = command(sub, "shell", COMMANDS["shell"], "provision shell llama-linux --gpu --model tiny-llama")
     p.add_argument("stack")
-    p.add_argument("--gpu", action="store_true")
-    p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None)
+    p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
+    p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="mounted read-only, path in $MODEL")
-    p.add_argument("--timeout", type=float, default=None, metavar="S")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop the guest after S seconds")
     p.set_defaults(func=shell_cmd)
 
 
@@ -81,7 +76,8 @@ def _stack(args: argparse.Namespace) -> Stack:
     return stack
 
 
-def serve_cmd(args: argparse.Namespace) -> int:
+def serve_cmd(args: argparse.Namespace) -> Result | int:
+    from provision import hosts
     from provision.serve import engine as serving
     from provision.serve import state as serve_state
 
@@ -117,37 +113,15 @@ def serve_cmd(args: argparse.Namespace) -> int:
             print(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)", file=sys.stderr)
 
         log = str(serve_state.state_dir() / f"{name}.log") if report else None
-        return serving.serve(req, _guest(req), log=log, on_ready=ready)
+        guest = hosts.native().serve_guest(req, out=sys.stdout.buffer, err=sys.stderr.buffer)
+        return serving.serve(req, guest, log=log, on_ready=ready)
     except ProvisionError as exc:
         if report is not None:
             serve_state.write_report(report, {"error": exc.as_dict()})
         raise
 
 
-def _guest(req: engine.ServeRequest) -> engine.Guest:
-    from provision.hosts import module_for
-    from provision.serve import engine as serving
-    from provision.serve import guests
-
-    out, err = sys.stdout.buffer, sys.stderr.buffer
-    if module_for(sys.platform) == "darwin":
-        from provision.hosts.darwin.backend import DarwinBackend
-        from provision.hosts.darwin.runplan import Publish
-
-        argv = DarwinBackend().guest_argv(
-            req.stack,
-            req.gpu,
-            req.model_path,
-            serving.server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel),
-            req.route,
-            publish=Publish(req.host, req.port, serving.GUEST_PORT),
-            model_name=f"{req.model}.gguf",
-        )
-        return guests.ProcessGuest(argv, out=out, err=err)
-    return guests.LinuxGuest(req, out=out, err=err)
-
-
-def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> int:
+def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Result:
     from provision.serve import engine as serving
     from provision.serve import state as serve_state
 
@@ -175,71 +149,43 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> int
     try:
         data = serve_state.wait_report(proc, report, log)
     except KeyboardInterrupt:
-        serve_state.terminate(proc.pid)  # it stops its guest as on Ctrl-C
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=120)
+        serve_state.stop_supervisor(proc)  # it stops its guest as on Ctrl-C
         raise
     finally:
         report.unlink(missing_ok=True)
     entry = data["entry"]
-    if args.json:
-        print(json.dumps(entry, indent=2))
-    else:
-        print(entry["url"])
-        print(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it", file=sys.stderr)
-    return 0
+    print(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it", file=sys.stderr)
+    return Result(entry, entry["url"])
 
 
-def ps_cmd(args: argparse.Namespace) -> int:
+def ps_cmd(args: argparse.Namespace) -> Result:
     from provision.serve import state as serve_state
 
     found = serve_state.entries()
-    if args.json:
-        print(json.dumps([e.as_dict() for e in found], indent=2))
-        return 0
-    rows = [("NAME", "STACK", "MODEL", "GPU", "URL", "PID", "STATUS", "UP")]
-    for e in found:
-        up = f"{int(time.time() - e.started)}s"
-        rows.append((e.name, e.stack, e.model, "yes" if e.gpu else "no", e.url, str(e.pid), e.status, up))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return 0
+    rows = [(e.name, e.stack, e.model, "yes" if e.gpu else "no", e.url, str(e.pid), e.status,
+             f"{int(time.time() - e.started)}s") for e in found]  # fmt: skip
+    return Result([e.as_dict() for e in found],
+                  lambda: table(["NAME", "STACK", "MODEL", "GPU", "URL", "PID", "STATUS", "UP"], rows))  # fmt: skip
 
 
-def stop_cmd(args: argparse.Namespace) -> int:
+def stop_cmd(args: argparse.Namespace) -> Result:
     from provision.serve import state as serve_state
 
     if args.all == bool(args.name):
         raise InvalidValue("provision stop: give a NAME or --all (not both)", fix="provision ps lists the names")
     targets = serve_state.entries() if args.all else [serve_state.find(args.name)]
-    done = []
-    for entry in targets:
-        clean = serve_state.stop(entry)
-        done.append({"name": entry.name, "clean": clean})
-        if not args.json:
-            how = "stopped" if clean else "killed (did not stop within the grace time)"
-            print(f"{entry.name}: {how}")
-    if args.json:
-        print(json.dumps(done, indent=2))
-    return 0
+    done = [{"name": entry.name, "clean": serve_state.stop(entry)} for entry in targets]
+    how = {True: "stopped", False: "killed (did not stop within the grace time)"}
+    return Result(done, "\n".join(f"{d['name']}: {how[bool(d['clean'])]}" for d in done))
 
 
 def shell_cmd(args: argparse.Namespace) -> int:
-    from provision.hosts import module_for
+    from provision import hosts
     from provision.serve import engine as serving
 
     stack = _stack(args)
     model_path = resolve_model(args.model)
     model_name = f"{serving.model_alias(args.model, model_path)}.gguf" if model_path and args.model else None
-    if module_for(sys.platform) == "darwin":
-        from provision.hosts.darwin.backend import DarwinBackend
-
-        command = ["sh", "-c", "command -v bash >/dev/null && exec bash -i; exec sh -i"]
-        argv = DarwinBackend().guest_argv(
-            stack, args.gpu, model_path, command, args.route, interactive=True, model_name=model_name
-        )
-        return subprocess.run(argv, check=False).returncode
-    from provision.hosts.linux.shell import run_shell
-
-    return run_shell(stack, args.gpu, model_path, model_name, args.route, args.timeout)
+    req = hosts.RunRequest(stack, args.gpu, (), model_path=model_path, model_name=model_name, route=args.route,
+                           timeout_s=args.timeout)  # fmt: skip
+    return hosts.native().shell(req)

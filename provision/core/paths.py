@@ -1,47 +1,88 @@
-"""Where provision keeps its caches: one root, overridable with PROVISION_CACHE."""
+"""Where provision keeps its caches and state: one root each (settings ``cache``, ``state``),
+and one table, ``LAYOUT``, of what lives under the cache root.
+
+``cache_dir(NAME, ...)`` refuses a NAME that is not in the table, so a new sub-directory is
+written down here first (and `provision config show --layout` lists them all).
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-import platformdirs
-
+from provision.core import settings as settings_mod
 from provision.core.errors import InvalidValue
 
 CACHE_ENV = "PROVISION_CACHE"
 
+# sub-directory of the cache root -> what lives there (who writes it)
+LAYOUT: dict[str, str] = {
+    "models": "the model store: refs/, blobs/, partial/, locks/ (provision/models/store.py)",
+    "sources": "pinned source trees and sdists: llama.cpp, the kdrm headers (images/sources.py, apir/builds.py)",
+    "rootfs": "sid root filesystems for image builds (images/build.py)",
+    "contexts": "podman build contexts, one per stack and content key (images/build.py)",
+    "ggml": "cached ggml builds, one per variant and key (apir/builds.py)",
+    "virgl-apir": "the virglrenderer-APIR mirror, sources and chroot build (apir/virglrenderer.py, hosts/linux/apir)",
+    "apir-loopback": "the APIR loopback's work directory in the host-tools chroot",
+    "apir-loopback-host": "the APIR loopback's work directory on the host",
+    "host-tools": "the sid chroots with QEMU + virglrenderer, one per pin key; bundle/ (hosts/linux/tools.py)",
+    "vm-disks": "guest root disks made from images, one per image id (hosts/linux/disks.py)",
+    "model-disks": "read-only model disks for guests (hosts/linux/disks.py)",
+    "gpu-slots": "flock files, one per GPU slot (hosts/linux/slots.py)",
+    "runs": "one directory per guest run: logs, records of its processes (hosts/linux/run_dirs.py)",
+    "jobs": "records of children that belong to no run (builds, host tools) (adapters/procs.py)",
+    "serve": "what `provision serve` runs: NAME.json, NAME.log (serve/state.py)",
+    "bench": "`provision bench` reports: JSON, Markdown, PNG (hosts/linux/bench_run.py)",
+    "crash": "tracebacks of bugs, one file each (cli/__init__.py)",
+}
+# under the state root
+STATE_LAYOUT: dict[str, str] = {
+    "machines": "the route each podman machine was started with (hosts/darwin/machine_state.py)",
+    "logs": "one log file per invocation, the newest kept (core/log.py)",
+}
 
-def _unusable(path: Path, why: str) -> InvalidValue:
-    source = f"{CACHE_ENV}={os.environ[CACHE_ENV]!r}" if os.environ.get(CACHE_ENV) else "the default cache"
+
+def _unusable(path: Path, why: str, key: str = "cache") -> InvalidValue:
+    s, env = settings_mod.current(), settings_mod.BY_KEY[key].env
+    source = s.source(key)
+    shown = f"{env}={s.get(key)!r}" if source.startswith("environment") else source
     return InvalidValue(
-        f"cache directory {path} ({source}) cannot be used: {why}",
-        fix=f"set {CACHE_ENV} to a writable directory (or make {path} one)",
+        f"{key} directory {path} ({shown}) cannot be used: {why}",
+        fix=f"set {env} to a writable directory (or `{key} = \"DIR\"` in the config file), or make {path} one",
     )
 
 
-def _make_dir(path: Path) -> Path:
+def _make_dir(path: Path, key: str = "cache") -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise _unusable(path, "it exists and is not a directory") from None
+        raise _unusable(path, "it exists and is not a directory", key) from None
     except OSError as exc:
-        raise _unusable(path, exc.strerror or str(exc)) from None
+        raise _unusable(path, exc.strerror or str(exc), key) from None
     if not path.is_dir():
-        raise _unusable(path, "it is not a directory")
+        raise _unusable(path, "it is not a directory", key)
     # access() reports a read-only filesystem (EROFS) even to root, before any write half-happens.
     if not os.access(path, os.W_OK | os.X_OK):
-        raise _unusable(path, "it is not writable (read-only filesystem or permissions)")
+        raise _unusable(path, "it is not writable (read-only filesystem or permissions)", key)
     return path
 
 
 def cache_root() -> Path:
-    override = os.environ.get(CACHE_ENV)
-    if override and "\0" in override:
-        raise _unusable(Path(override.replace("\0", "\\0")), "the value is not a path")
-    root = Path(override).expanduser() if override else Path(platformdirs.user_cache_dir("krun-gpu"))
-    return _make_dir(root)
+    return _make_dir(settings_mod.current().cache)
 
 
-def cache_dir(*parts: str) -> Path:
-    return _make_dir(cache_root().joinpath(*parts))
+def cache_dir(name: str, *parts: str) -> Path:
+    if name not in LAYOUT:
+        raise AssertionError(f"cache sub-directory {name!r} is not in provision/core/paths.py LAYOUT")
+    return _make_dir(cache_root().joinpath(name, *parts))
+
+
+def state_root() -> Path:
+    """Not made here: reading state must not create it (a missing state dir holds nothing)."""
+    return settings_mod.current().state
+
+
+def state_dir(name: str) -> Path:
+    if name not in STATE_LAYOUT:
+        raise AssertionError(f"state sub-directory {name!r} is not in provision/core/paths.py STATE_LAYOUT")
+    return state_root() / name

@@ -1,46 +1,21 @@
-"""`provision doctor`: every check of this host's route, as data.
+"""`provision doctor`: every check of this host's route, as data, and the settings in force.
 
-``CHECK_PROVIDERS`` maps a platform to the functions that produce its checks; each takes a
-``DoctorContext`` and returns ``list[Check]``. Other areas plug in with ``register``
-(e.g. ``register("linux", linux_checks)`` from the Linux route, ``register("*", apir_checks)``
-for checks that apply everywhere). Exit 0 when nothing failed, 1 otherwise.
+The host's own checks come from ``hosts.native().doctor_checks`` (the one registry); the APIR
+preflight applies everywhere. Each setting is listed with the value in force and where it came
+from (provision/core/settings.py). Exit 0 when nothing failed, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from provision.apir import host as apir_host
+from provision import hosts
 from provision.apir import preflight as apir
 from provision.core import catalog, pins
+from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check, DoctorContext, failed
-from provision.hosts.darwin.doctor import darwin_checks
-from provision.hosts.darwin.doctor_isolation import isolation_checks as darwin_isolation
-from provision.hosts.linux.doctor import linux_checks
-from provision.hosts.linux.doctor_isolation import isolation_checks as linux_isolation
-
-Provider = Callable[[DoctorContext], list[Check]]
-
-# "*" providers run on every platform, after the platform's own.
-CHECK_PROVIDERS: dict[str, list[Provider]] = {
-    "darwin": [darwin_checks, darwin_isolation],
-    "linux": [linux_checks, apir_host.doctor_checks, linux_isolation],
-    "*": [apir.doctor_checks],
-}
-
-
-def register(platform: str, provider: Provider) -> None:
-    providers = CHECK_PROVIDERS.setdefault(platform, [])
-    if provider not in providers:
-        providers.append(provider)
-
-
-def platform_key(platform: str) -> str:
-    return "linux" if platform.startswith("linux") else platform
 
 
 def default_vram_mib() -> int | None:
@@ -62,7 +37,7 @@ def context(
     if machine:
         kwargs["machine"] = machine
     return DoctorContext(
-        platform=platform or sys.platform,
+        platform=hosts.platform_key(platform),
         env=dict(os.environ) if env is None else env,
         home=Path.home(),
         compat=p.compat,
@@ -75,21 +50,16 @@ def context(
 
 
 def run(ctx: DoctorContext) -> list[Check]:
-    key = platform_key(ctx.platform)
-    providers = CHECK_PROVIDERS.get(key)
-    if providers is None:
-        return [Check("host.platform", "fail", f"no route for platform {ctx.platform!r}", "use macOS or Linux")]
-    checks: list[Check] = []
-    for provider in [*providers, *CHECK_PROVIDERS.get("*", [])]:
-        checks += provider(ctx)
-    return checks
+    return [*hosts.get(ctx.platform).doctor_checks(ctx), *apir.doctor_checks(ctx)]
 
 
-def report(ctx: DoctorContext, checks: list[Check]) -> dict[str, Any]:
+def report(ctx: DoctorContext, checks: list[Check], settings: settings_mod.Settings | None = None) -> dict[str, Any]:
+    s = settings or settings_mod.current()
     return {
-        "platform": platform_key(ctx.platform),
+        "platform": ctx.platform,
         "ok": not failed(checks),
         "checks": [c.as_dict() for c in checks],
+        "settings": s.rows(),
     }
 
 

@@ -6,10 +6,9 @@ written whole (temp name + rename; the first claim by hard link, so two serves n
 name). An entry whose owner is gone (pid dead, or reused: the kernel start time differs) is
 stale and removed whenever entries are listed.
 
-Process handling for serve lives only here: reading a pid's start time, starting the
-supervisor, stopping an owner (SIGTERM, then SIGKILL of it and of the processes below it).
-SIGTERM reaches a serve as KeyboardInterrupt (adapters/signals.py); adapters/procs.py records and
-reaps the guest's own processes.
+Process handling for serve lives only here, on the owned process tree (adapters/procs.py: start
+times, records): starting the supervisor, stopping an owner (SIGTERM, then SIGKILL of it and of
+the processes below it). SIGTERM reaches a serve as KeyboardInterrupt (adapters/signals.py).
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -27,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from provision.adapters import procs
 from provision.core.errors import InvalidValue, ProvisionError, VmFailed, all_errors
 from provision.core.paths import cache_dir
 
@@ -158,15 +157,23 @@ def find(name: str) -> Entry:
 
 
 def process_start(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (field 22 of /proc/PID/stat): tells a reused pid apart."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None  # exited, not yet reaped
-    return fields[19]
+    """The kernel's start time of ``pid`` as the entry stores it (None: gone, or a zombie)."""
+    start = procs.start_time(pid)
+    return None if start is None else str(start)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (QEMU and its helpers sit in process groups of their own)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (ppid := procs.parent(int(entry.name))) is not None:
+            children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
 
 
 def alive(pid: int, start: str) -> bool:
@@ -182,12 +189,10 @@ def terminate(pid: int) -> None:
 def stop(entry: Entry, grace_s: float = 90.0) -> bool:
     """SIGTERM the owner and wait for it to stop its guest; after ``grace_s``, SIGKILL it and
     everything below it. True when it ended within the grace time."""
-    from provision.hosts.linux import watchdog  # /proc walking; only for this fallback
-
     if not alive(entry.pid, entry.pid_start):
         _path(entry.name).unlink(missing_ok=True)
         return True
-    below = list(watchdog.descendants(entry.pid))
+    below = descendants(entry.pid)
     terminate(entry.pid)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
@@ -195,30 +200,37 @@ def stop(entry: Entry, grace_s: float = 90.0) -> bool:
             _path(entry.name).unlink(missing_ok=True)
             return True
         time.sleep(0.2)
-    for pid in [entry.pid, *below, *watchdog.descendants(entry.pid)]:
+    for pid in [entry.pid, *below, *descendants(entry.pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     _path(entry.name).unlink(missing_ok=True)
     return False
 
 
-def spawn_supervisor(args: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """`python -m provision ARGS` in its own session, detached from the terminal, output to ``log``."""
+def spawn_supervisor(args: Sequence[str], log: Path) -> procs.Popen[bytes]:
+    """`python -m provision ARGS` in its own session, detached from the terminal, output to ``log``.
+    Not tied (``tie=False``) and not kept in this process's records: it is meant to outlive this
+    process, and its entry (NAME.json) is what `ps` and `stop` find it by."""
+    records = procs.job_dir()
     with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "provision", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        proc: procs.Popen[bytes] = procs.spawn(
+            [sys.executable, "-m", "provision", *args], records, "serve-supervisor", tie=False,
+            stdin=procs.DEVNULL, stdout=out, stderr=procs.STDOUT,
+        )  # fmt: skip
+    procs.forget(proc.pid, records)
+    return proc
+
+
+def stop_supervisor(proc: procs.Popen[bytes], grace_s: float = 120.0) -> None:
+    """Ctrl-C while it starts: SIGTERM, so it stops its guest as on Ctrl-C; SIGKILL after ``grace_s``."""
+    procs.stop_process(proc, grace_s=grace_s)
 
 
 def write_report(path: Path, data: dict[str, Any]) -> None:
     write_json_atomic(path, data)
 
 
-def wait_report(proc: subprocess.Popen[bytes], report: Path, log: Path) -> dict[str, Any]:
+def wait_report(proc: procs.Popen[bytes], report: Path, log: Path) -> dict[str, Any]:
     """What the supervisor reported: ``{"entry": ...}`` once healthy; its error is raised here."""
     while True:
         if report.is_file():

@@ -26,7 +26,15 @@ def test_every_error_class_has_its_own_fix_and_render_always_prints_it():
 def test_argument_errors_are_e003_with_a_fix_and_json_when_asked(capsys):
     assert cli.main(["model", "pull", "--json"]) == errors.InvalidValue.exit_status
     out, err = capsys.readouterr()
-    assert json.loads(out)["error"]["code"] == "E003"
+    assert json.loads(out) == {
+        "command": "model pull",
+        "status": "error",
+        "data": None,
+        "error": errors.InvalidValue(
+            "provision model pull: the following arguments are required: NAME|URL|hf://OWNER/REPO/FILE[@REV]",
+            fix="see `provision model pull --help` for what it takes",
+        ).as_dict(),
+    }
     assert err.startswith("E003: provision model pull: the following arguments are required")
     assert "\n  fix: see `provision model pull --help`" in err
 
@@ -45,11 +53,17 @@ def test_a_bug_prints_a_short_report_and_exits_70_with_the_traceback_in_a_file(t
     report = Path(err.split("details: ", 1)[1].split("\n", 1)[0])
     assert report.parent == tmp_path / "cache" / "crash"
     assert "Traceback" in report.read_text() and "boom in the catalog" in report.read_text()
-    assert json.loads(out)["error"] == {
-        "code": "internal",
-        "message": "internal error: RuntimeError: boom in the catalog",
-        "details": str(report),
-        "exit_status": 70,
+    assert json.loads(out) == {
+        "command": "stacks",
+        "status": "error",
+        "data": None,
+        "error": {
+            "code": "internal",
+            "message": "internal error: RuntimeError: boom in the catalog",
+            "fix": "report it with that file",
+            "details": str(report),
+            "exit_status": 70,
+        },
     }
 
 

@@ -133,7 +133,9 @@ def test_stacks_command_json_lists_every_stack(capsys):
     assert main(["stacks", "--json"]) == 0
     import json
 
-    data = json.loads(capsys.readouterr().out)
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["command"], shown["status"], shown["error"]) == ("stacks", "ok", None)
+    data = shown["data"]
     assert [s["name"] for s in data] == list(catalog.load().stacks)
     assert all({"route", "gpu", "hosts"} <= set(s) for s in data)
 

@@ -9,12 +9,12 @@ the machine and the tool versions, then executes it: podman steps with the plan'
 from __future__ import annotations
 
 import os
-import subprocess
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from provision.adapters import lsof, podman_machine
-from provision.adapters.program import run_tool
+from provision.adapters import lsof, podman_machine, runner
+from provision.adapters.runner import probe as run_tool
 from provision.core import catalog, pins
 from provision.core.catalog import Stack
 from provision.core.errors import (
@@ -96,10 +96,15 @@ class DarwinBackend:
         self.krun = krun
         self.limits = limits or GuestLimits()
 
-    def plan(self, request: LaunchRequest, *, env: dict[str, str] | None = None) -> tuple[LaunchPlan, KrunBundle]:
+    def plan(
+        self, request: LaunchRequest, *, env: dict[str, str] | None = None, dry_run: bool = False, here: bool = True
+    ) -> tuple[LaunchPlan, KrunBundle]:
+        """The launch plan. A dry run away from the Mac (``here=False``) or without podman plans as
+        for a new machine; a launch without podman is E006."""
         env = dict(os.environ) if env is None else env
         b = bundle_mod.locate(self.krun, env=env)
-        machine = observe_machine(request.machine, env)
+        ask = not dry_run or (here and shutil.which("podman") is not None)
+        machine = observe_machine(request.machine, env) if ask else None
         plan = plan_launch(
             request,
             b,
@@ -122,15 +127,15 @@ class DarwinBackend:
                     )
         child = plan.child_env(env)
         for step in plan.steps:
-            proc = subprocess.run(list(step.argv), env=child, check=False, text=True, capture_output=True)
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip()[-800:]
+            proc = runner.run(list(step.argv), env=child, missing_fix="install podman (brew install podman)")
+            if proc.status != 0:
+                tail = (proc.err or proc.out).strip()[-800:]
                 if "krunkit: unexpected argument" in tail:  # podman#29439: podman newer than krunkit
                     raise VersionSkew(
                         f"`{' '.join(step.argv)}`: {tail}", fix="run `provision doctor` (versions.pairing)"
                     )
                 raise MachineFailed(
-                    f"`{' '.join(step.argv)}` exited {proc.returncode}: {tail}",
+                    f"`{' '.join(step.argv)}` exited {proc.status}: {tail}",
                     fix="run `provision doctor`; `krunkit: unexpected argument` means version skew",
                 )
         out = run_tool(list(plan.verify.argv), env=child)
@@ -195,14 +200,14 @@ class DarwinBackend:
         machine: str = podman_machine.DEFAULT_MACHINE,
     ) -> int:
         argv = self.guest_argv(stack, gpu, model_path, command, route, machine=machine)
-        try:
-            proc = subprocess.run(argv, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
+        # The guest's output is the command's: straight to this terminal, not captured.
+        proc = runner.run(argv, timeout=timeout, stdout=None, stderr=None, missing_fix="install podman")
+        if proc.timed_out:
             raise RunTimeout(
                 f"{' '.join(command)} did not finish within {timeout} s",
                 fix="raise --timeout, or check the GPU with `provision doctor`",
-            ) from None
-        return proc.returncode
+            )
+        return proc.status
 
 
 def backend() -> DarwinBackend:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.adapters import dylib, lsof, podman_machine
-from provision.adapters.program import run_tool
+from provision.adapters.runner import probe as run_tool
 from provision.core.diagnostics import Check, DoctorContext
 from provision.core.errors import KrunBundleMissing
 from provision.hosts.darwin import bundle as bundle_mod

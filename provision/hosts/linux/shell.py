@@ -15,6 +15,7 @@ import re
 import select
 import shlex
 import shutil
+import signal
 import sys
 import termios
 import threading
@@ -25,10 +26,15 @@ from pathlib import Path
 from provision.core.catalog import Stack
 from provision.core.errors import VmFailed
 from provision.hosts.linux.backend import LinuxBackend
-from provision.serve import state as serve_state
 
 ESCAPE = b"\x1d"  # Ctrl-]
 GUEST_TTY = "/dev/ttyS1"
+
+
+def _terminate(pid: int) -> None:
+    """SIGTERM QEMU: the run's own cleanup then ends as on Ctrl-C."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def shell_command(term: str, rows: int, cols: int) -> list[str]:
@@ -122,7 +128,7 @@ def run_shell(
     def started(pid: int, run_dir: Path) -> None:
         qemu_pid.append(pid)
         if relay.escaped.is_set():
-            serve_state.terminate(pid)
+            _terminate(pid)
 
     backend = LinuxBackend(terminal=os.ttyname(slave), log=say, on_start=started)
     size = shutil.get_terminal_size((80, 24))
@@ -153,5 +159,5 @@ def _stop_on_escape(relay: Relay, qemu_pid: list[int]) -> None:
     while not relay.done.is_set():
         if relay.escaped.wait(0.5):
             if qemu_pid:
-                serve_state.terminate(qemu_pid[0])
+                _terminate(qemu_pid[0])
             return

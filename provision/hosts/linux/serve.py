@@ -1,20 +1,29 @@
-"""The guests a serve runs in: a Linux QEMU guest (a LinuxBackend run in a worker thread) and a
-host process (`podman run` on macOS). Both stop the way Ctrl-C stops `provision run`."""
+"""`provision serve` on Linux: a LinuxBackend run in a worker thread, its NIC forwarding only the port.
+
+Stopping SIGTERMs QEMU, and the run's own cleanup (Xvfb, GPU slot, reaping) then happens in the
+worker exactly as on Ctrl-C.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
-from provision.serve import state as serve_state
 from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
 
 # A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
 SERVE_LIMIT_S = 30 * 24 * 3600.0
+
+
+def _terminate(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
 
 
 class LinuxGuest:
@@ -67,7 +76,7 @@ class LinuxGuest:
         with self._lock:
             self.qemu_pid, self.run_dir, self._booted = pid, run_dir, time.monotonic()
             if self._stopping:
-                serve_state.terminate(pid)
+                _terminate(pid)
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -80,7 +89,7 @@ class LinuxGuest:
             self._stopping = True
             pid = self.qemu_pid
         if pid is not None and self._thread.is_alive():
-            serve_state.terminate(pid)
+            _terminate(pid)
         # QEMU goes within seconds; the worker then stops Xvfb (<= 5 s) and frees the slot.
         self._thread.join(timeout=60)
 
@@ -97,39 +106,3 @@ class LinuxGuest:
 
     def details(self) -> dict[str, object]:
         return {"qemu_pid": self.qemu_pid, "run_dir": str(self.run_dir) if self.run_dir else None}
-
-
-class ProcessGuest:
-    """A guest that is one host process (`podman run` on macOS): stopping it is SIGTERM, which
-    podman passes to the container (--rm then removes it)."""
-
-    def __init__(self, argv: list[str], *, out: BinaryIO, err: BinaryIO) -> None:
-        self.argv, self.out, self.err = argv, out, err
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._booted: float | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err)
-        self._booted = time.monotonic()
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def booted_at(self) -> float | None:
-        return self._booted
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def failure(self) -> ProvisionError:
-        code = self.proc.returncode if self.proc is not None else None
-        return VmFailed(f"`{' '.join(self.argv[:3])} …` exited ({code}) while serving", fix="see the log above")
-
-    def details(self) -> dict[str, object]:
-        return {"qemu_pid": None, "run_dir": None}

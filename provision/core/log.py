@@ -1,0 +1,84 @@
+"""stdlib logging for provision: ``-v``/``-q`` on stderr, and one log file per invocation.
+
+Every module logs to ``logging.getLogger("provision.<area>")``. stderr shows warnings (``-q``:
+errors only; ``-v``: info, which includes each program provision runs; ``-vv``: debug). The
+file, ``<state>/logs/<time>-<pid>-<command>.log``, always gets debug; the newest ``KEEP`` stay
+(the idea comes from pipx's per-command log). A log file that cannot be written never fails
+a command: the stderr handler still works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = "provision"
+KEEP = 30
+_OURS = "_provision_handler"
+
+
+def level_for(verbose: int, quiet: bool) -> int:
+    if quiet:
+        return logging.ERROR
+    return {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+
+
+class _Stderr(logging.Handler):
+    """Writes to whatever sys.stderr is now (tests redirect it per command)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:  # noqa: BLE001 - logging never fails a command
+            self.handleError(record)
+
+
+def setup(verbose: int = 0, quiet: bool = False, log_dir: Path | None = None, command: str = "") -> Path | None:
+    """(Re)configure the ``provision`` logger for one invocation; return the log file, if one was opened."""
+    logger = logging.getLogger(ROOT)
+    for h in [h for h in logger.handlers if getattr(h, _OURS, False)]:
+        logger.removeHandler(h)
+        h.close()
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    err = _Stderr()
+    err.setLevel(level_for(verbose, quiet))
+    err.setFormatter(logging.Formatter("provision: %(message)s"))
+    setattr(err, _OURS, True)
+    logger.addHandler(err)
+    if log_dir is None:
+        return None
+    slug = "".join(ch if ch.isalnum() else "-" for ch in command)[:40] or "provision"
+    path = log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{slug}.log"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        handler = logging.FileHandler(path, encoding="utf-8")
+    except OSError:
+        return None
+    handler.setLevel(logging.DEBUG)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    setattr(handler, _OURS, True)
+    logger.addHandler(handler)
+    _prune(log_dir)
+    return path
+
+
+def _prune(log_dir: Path) -> None:
+    with contextlib.suppress(OSError):
+        old = sorted(log_dir.glob("*.log"))[:-KEEP]
+        for p in old:
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+
+def close() -> None:
+    """Close the file handler (the end of one in-process invocation)."""
+    logger = logging.getLogger(ROOT)
+    for h in [h for h in logger.handlers if isinstance(h, logging.FileHandler) and getattr(h, _OURS, False)]:
+        logger.removeHandler(h)
+        h.close()

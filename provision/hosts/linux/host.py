@@ -1,0 +1,70 @@
+"""The Linux host behind the one Host protocol: QEMU + virglrenderer guests, shell, serve, doctor, bench."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from provision.hosts import BenchRequest, RunRequest
+
+if TYPE_CHECKING:
+    from provision.bench.report import BenchRun
+    from provision.core.diagnostics import Check, DoctorContext
+    from provision.serve.engine import Guest, ServeRequest
+
+
+class LinuxHost:
+    name = "linux"
+
+    def plan_run(self, req: RunRequest) -> Mapping[str, Any]:
+        from provision.core import catalog
+        from provision.hosts.linux import accel
+        from provision.hosts.linux import tools as host_tools
+        from provision.hosts.linux.backend import job_script
+
+        catalog.check_gpu(req.stack, req.gpu)
+        route = catalog.check_route(req.stack, req.route)
+        tools = host_tools.locate()
+        return {
+            "host": self.name,
+            "stack": req.stack.name,
+            "route": route,
+            "gpu": req.gpu,
+            "accel": accel.host_accelerator(),
+            "host_tools": tools.as_dict() if tools else None,
+            "limits": req.limits.as_dict(),
+            "model": str(req.model_path) if req.model_path else None,
+            "job": job_script(req.stack, req.command, req.model_name, req.gpu),
+        }
+
+    def run(self, req: RunRequest) -> int:
+        from provision.hosts.linux.backend import LinuxBackend
+
+        backend = LinuxBackend(limits=req.limits)
+        return backend.run(req.stack, req.gpu, req.model_path, req.command, req.deadline_s, req.route)
+
+    def serve_guest(self, req: ServeRequest, *, out: BinaryIO, err: BinaryIO) -> Guest:
+        from provision.hosts.linux.serve import LinuxGuest
+
+        return LinuxGuest(req, out=out, err=err)
+
+    def shell(self, req: RunRequest) -> int:
+        from provision.hosts.linux.shell import run_shell
+
+        return run_shell(req.stack, req.gpu, req.model_path, req.model_name, req.route, req.timeout_s)
+
+    def doctor_checks(self, ctx: DoctorContext) -> list[Check]:
+        from provision.apir import host as apir_host
+        from provision.hosts.linux.doctor import linux_checks
+        from provision.hosts.linux.doctor_isolation import isolation_checks
+
+        return [*linux_checks(ctx), *apir_host.doctor_checks(ctx), *isolation_checks(ctx)]
+
+    def bench(self, req: BenchRequest) -> BenchRun:
+        from provision.hosts.linux import bench_run
+
+        return bench_run.run(req)
+
+
+def host() -> LinuxHost:
+    return LinuxHost()
