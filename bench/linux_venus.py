@@ -32,12 +32,14 @@ def main() -> int:
     )
     wall = time.monotonic() - start
     try:
-        report = json.loads(proc.stdout)
+        shown = json.loads(proc.stdout)  # the envelope: {"command", "status", "data", "error"}
     except json.JSONDecodeError:
         print(proc.stderr[-2000:], file=sys.stderr)
         return proc.returncode or 1
-    if "error" in report:
-        print(json.dumps(report["error"], indent=2), file=sys.stderr)
+    if shown["error"]:
+        print(json.dumps(shown["error"], indent=2), file=sys.stderr)
+    report = shown["data"]
+    if report is None:
         return proc.returncode
     for r in report["results"]:
         print(f"{r['where']:<12} {r['test']:<6} {r['tokens_per_s']:>9.1f} t/s")

@@ -101,8 +101,9 @@ def test_cli_check_reads_the_hypervisor_env_vars_and_reports_json(host_build, mo
     monkeypatch.setenv(adapter.ENV_GGML_PATH, str(host_build.library("libggml-cpu.so")))
     monkeypatch.setenv(adapter.ENV_GGML_REG, "ggml_backend_cpu_reg")
     assert cli_main(["apir", "check", "--json", "--alloc-mib", "1"]) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["ok"] is True and report["error"] is None
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["status"] == "ok" and shown["error"] is None
+    report = shown["data"]
     assert report["settings"]["sources"][adapter.ENV_GGML_REG] == f"${adapter.ENV_GGML_REG}"
     assert report["result"]["device"]["description"]
     assert report["result"]["buffer"]["freed"] is True

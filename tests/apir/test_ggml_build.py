@@ -130,7 +130,7 @@ def test_protocol_command_prints_the_image_label(capsys):
     from provision.cli import main
 
     assert main(["apir", "protocol", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["data"]
     assert out["label"] == {"krun-gpu.apir.protocol": "0.2"} and out["check"]["status"] == "warn"
 
 
@@ -138,7 +138,7 @@ def test_dry_run_prints_the_plan_without_building(capsys):
     from provision.cli import main
 
     assert main(["ggml", "build", "--variant", "guest", "--dry-run", "--json"]) == 0
-    plan = json.loads(capsys.readouterr().out)
+    plan = json.loads(capsys.readouterr().out)["data"]
     assert plan["variant"] == "guest" and plan["key"].startswith("guest-")
     assert plan["build"][-2:] == ["ggml-virtgpu", "llama-bench"]
     assert any(a.startswith("-DCMAKE_CXX_FLAGS=-I") and "kdrm-" in a for a in plan["configure"])
@@ -149,7 +149,7 @@ def test_ggml_build_command_reuses_the_cached_host_build(capsys):
     from provision.cli import main
 
     assert main(["ggml", "build", "--variant", "host", "--json"]) == 0
-    out = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)["data"]
     bin_dir = Path(out["bin_dir"])
     assert (bin_dir / "libggml-virtgpu-backend.so").exists() and (bin_dir / "libggml-cpu.so").exists()
     assert out["manifest"]["apir_protocol"] == [0, 2] and out["manifest"]["targets"] == ["ggml-virtgpu-backend",

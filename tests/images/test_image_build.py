@@ -71,7 +71,7 @@ def test_build_labels_and_full_cache_on_rebuild(tmp_path, busybox_image, capsys)
         ]
     )
     assert status == 0
-    second = json.loads(capsys.readouterr().out)
+    second = json.loads(capsys.readouterr().out)["data"]
     assert second["id"] == first.image_id
     assert second["layer_steps"] == first.result.layer_steps
     assert second["cached_steps"] == second["layer_steps"], "a rebuild must reuse every layer"

@@ -70,7 +70,7 @@ def test_pull_verifies_and_stores_content_addressed_with_a_name_ref(cache, serve
     assert cli.main(["model", "path", "tiny"]) == 0
     assert capsys.readouterr().out.strip() == str(blob)
     assert cli.main(["model", "verify", "tiny", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["ok"] is True
+    assert json.loads(capsys.readouterr().out)["data"][0]["ok"] is True
 
 
 def test_progress_is_plain_lines_with_rate_and_eta_when_not_a_tty(cache, server, capsys):
@@ -86,7 +86,7 @@ def test_second_pull_is_served_from_the_store(cache, server, capsys):
     assert pull(server.url(PATH), "--sha256", SHA) == 0
     capsys.readouterr()
     assert pull(server.url(PATH), "--sha256", SHA, "--json") == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["data"]
     assert report["reused"] is True and report["fetched_bytes"] == 0
     assert len(server.requests) == 1
 

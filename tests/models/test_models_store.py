@@ -27,7 +27,7 @@ def test_synth_twice_writes_identical_bytes_equal_to_the_pin(tmp_path, capsys):
     a, b = tmp_path / "a.gguf", tmp_path / "b.gguf"
     assert cli.main(["model", "synth", "tiny-llama", "--output", str(a)]) == 0
     assert cli.main(["model", "synth", "tiny-llama", "--output", str(b), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out.split("\n", 2)[-1])
+    report = json.loads(capsys.readouterr().out.split("\n", 2)[-1])["data"]
     assert a.read_bytes() == b.read_bytes()
     assert a.read_bytes()[:4] == b"GGUF"
     assert hashlib.sha256(a.read_bytes()).hexdigest() == tiny_pin().sha256 == report["sha256"]
@@ -90,7 +90,7 @@ def test_verify_detects_a_corrupted_blob(cache, capsys):
 def test_list_marks_defaults_and_says_read_pins_were_never_downloaded(cache, capsys):
     models.ensure("tiny-llama")
     assert cli.main(["model", "list", "--json"]) == 0
-    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["models"]}
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["data"]["models"]}
     qwen = rows[models.DEFAULT_MODEL]
     assert qwen["default"] and qwen["pin_status"] == "READ" and not qwen["stored"]
     assert "never downloaded" in qwen["note"]
@@ -126,7 +126,7 @@ def test_pins_reject_a_synth_model_with_a_download_reference(tmp_path):
 
 def test_pull_of_the_synthetic_catalog_name_synthesizes_it(cache, capsys):
     assert cli.main(["model", "pull", "tiny-llama", "--name", "smoke", "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)["data"]
     assert report["name"] == "smoke" and report["sha256"] == tiny_pin().sha256 and report["fetched_bytes"] == 0
     assert report["source"] == "synth:tiny-llama"
     assert models.Store().path("smoke") == cache / "blobs" / f"sha256-{tiny_pin().sha256}"

@@ -158,7 +158,7 @@ def served(model: Path) -> Iterator[dict[str, Any]]:
         "--name", "e2e-gpu", "--json", timeout=BOOT_S + 120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    entry = json.loads(proc.stdout)
+    entry = json.loads(proc.stdout)["data"]
     entry["healthy_after_s"] = time.monotonic() - start
     yield entry
     provision("stop", "e2e-gpu", timeout=180)  # no-op when the stop test already ended it
@@ -199,7 +199,7 @@ def test_four_concurrent_requests_all_succeed(served: dict[str, Any]) -> None:
 
 
 def test_ps_shows_the_serve(served: dict[str, Any]) -> None:
-    listed = {e["name"]: e for e in json.loads(provision("ps", "--json").stdout)}
+    listed = {e["name"]: e for e in json.loads(provision("ps", "--json").stdout)["data"]}
     assert listed["e2e-gpu"]["url"] == served["url"] and listed["e2e-gpu"]["pid"] == served["pid"]
     assert "e2e-gpu" in provision("ps").stdout
 

@@ -162,7 +162,7 @@ def test_dry_run_json_is_the_plan(bundle_with_space, tmp_path, provision_cli):
     env = {**os.environ, "PROVISION_STATE": str(tmp_path / "state")}
     res = _provision(["launch", "--dry-run", "--json", "--krun", str(bundle_with_space), "--memory", "8192"], env)
     assert res.returncode == 0, res.stderr
-    plan = json.loads(res.stdout)
+    plan = json.loads(res.stdout)["data"]
     assert plan["route"] == "venus"
     assert [s["argv"][2] for s in plan["steps"]] == ["init", "start"]
     assert plan["env"]["CONTAINERS_HELPER_BINARY_DIR"] == f"{bundle_with_space}/bin"

@@ -70,13 +70,27 @@ def test_run_cli_refuses_gpu_on_cpu_stack_before_anything(capsys):
     assert "E007" in capsys.readouterr().err
 
 
-def test_native_backend_by_platform():
-    from provision.hosts.darwin.backend import DarwinBackend
+def test_native_host_by_platform():
+    from provision.hosts.darwin.host import DarwinHost
+    from provision.hosts.linux.host import LinuxHost
 
-    b = hosts.native_backend("darwin")
-    assert isinstance(b, DarwinBackend) and isinstance(b, hosts.HostBackend) and b.name == "darwin"
+    h = hosts.native("darwin")
+    assert isinstance(h, DarwinHost) and isinstance(h, hosts.Host) and h.name == "darwin"
+    assert isinstance(hosts.native("linux"), LinuxHost) and isinstance(hosts.native("linux"), hosts.Host)
     with pytest.raises(errors.WrongPlatform):
-        hosts.native_backend("win32")
+        hosts.native("win32")
+
+
+def test_bench_on_a_mac_is_wrong_platform_before_any_guest(tmp_path, monkeypatch, capsys):
+    # `provision bench` runs QEMU guests: on the darwin host it is E033, not a Linux error (E020/E024).
+    monkeypatch.setattr(hosts.sys, "platform", "darwin")
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(64))
+    code = cli.main(["bench", "llama-linux", "--model", str(model), "--out", str(tmp_path / "out"), "--json"])
+    out, err = capsys.readouterr()
+    assert code == errors.WrongPlatform.exit_status and err.startswith("E033: provision bench")
+    assert json.loads(out)["error"]["code"] == "E033" and json.loads(out)["command"] == "bench"
+    assert not (tmp_path / "out").exists()
 
 
 def test_podman_machine_commands_and_json_shapes():

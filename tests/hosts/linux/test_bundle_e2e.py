@@ -26,7 +26,7 @@ def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundle") / "host-tools.tar.zst"
     proc = run_provision("host-tools", "--bundle", str(out), "--json", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads(proc.stdout)["bytes"] == out.stat().st_size
+    assert json.loads(proc.stdout)["data"]["bytes"] == out.stat().st_size
     return out
 
 
@@ -36,7 +36,7 @@ def test_bundle_installs_into_a_clean_directory_and_runs_a_venus_guest_without_t
     dest = tmp_path / "tools"
     proc = run_provision("host-tools", "--from", str(archive), "--to", str(dest), "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
-    report = json.loads(proc.stdout)
+    report = json.loads(proc.stdout)["data"]
     assert {c["id"]: c["status"] for c in report["checks"]}["host-tools.qemu-gpu"] == "ok"
     # The glibc inside is the chroot's (newer than most hosts'): the bundle carries its loader.
     assert (dest / bundle.LIB / bundle.LOADER).is_file()

@@ -31,7 +31,7 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
     # An empty cache: no chroot from `provision host-tools`, so only this host's own tools count.
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path))
     code, out = _doctor(capsys, "--json")
-    report = json.loads(out)
+    report = json.loads(out)["data"]
     by_id = {c["id"]: c for c in report["checks"]}
     assert report["platform"] == "linux"
     assert set(by_id) == {
@@ -79,19 +79,24 @@ def test_json_is_stable_and_sorted(capsys):
     _, second = _doctor(capsys, "--json")
     assert first == second
     data = json.loads(first)
-    assert list(data) == sorted(data) and all(list(c) == sorted(c) for c in data["checks"])
+    assert list(data) == sorted(data) and list(data["data"]) == sorted(data["data"])
+    assert all(list(c) == sorted(c) for c in data["data"]["checks"])
     code, table = _doctor(capsys)
     assert "linux.qemu" in table.splitlines()[2] and table.splitlines()[0].split()[:2] == ["STATUS", "CHECK"]
 
 
 def test_exit_status_is_0_when_all_pass_and_1_when_one_fails(capsys, monkeypatch):
-    providers = {"linux": [lambda ctx: [Check("a", "ok", "fine"), Check("b", "warn", "meh", "x")]], "*": []}
-    monkeypatch.setattr(doctor, "CHECK_PROVIDERS", providers)
+    from provision.hosts.linux.host import LinuxHost
+
+    checks = [Check("a", "ok", "fine"), Check("b", "warn", "meh", "x")]
+    monkeypatch.setattr(LinuxHost, "doctor_checks", lambda self, ctx: checks)
+    monkeypatch.setattr(doctor.apir, "doctor_checks", lambda ctx: [])
     assert _doctor(capsys)[0] == 0
-    doctor.register("*", lambda ctx: [Check("apir.x", "fail", "broken", "fix it")])
+    monkeypatch.setattr(doctor.apir, "doctor_checks", lambda ctx: [Check("apir.x", "fail", "broken", "fix it")])
     code, out = _doctor(capsys, "--json")
-    assert code == 1 and json.loads(out)["ok"] is False
-    assert [c["id"] for c in json.loads(out)["checks"]] == ["a", "b", "apir.x"]
+    shown = json.loads(out)
+    assert code == 1 and shown["data"]["ok"] is False and shown["status"] == "fail"
+    assert [c["id"] for c in shown["data"]["checks"]] == ["a", "b", "apir.x"]
 
 
 def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):

@@ -253,6 +253,6 @@ def test_doctor_json_has_the_isolation_checks() -> None:
     )
     import json
 
-    ids = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    ids = {c["id"]: c for c in json.loads(proc.stdout)["data"]["checks"]}
     for cid in ("linux.isolation.sandbox", "linux.isolation.network", "linux.isolation.mounts", "linux.isolation.user"):
         assert cid in ids, sorted(ids)

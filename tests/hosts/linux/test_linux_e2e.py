@@ -111,7 +111,7 @@ done
 def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tmp_path: Path) -> None:
     proc = provision("bench", "llama-linux", "--model", str(model), "--out", str(tmp_path), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
-    report = json.loads(proc.stdout)
+    report = json.loads(proc.stdout)["data"]
     wheres = {(r["where"], r["test"][:2]) for r in report["results"]}
     assert {("guest-gpu", "pp"), ("guest-gpu", "tg"), ("guest-cpu", "pp")} <= wheres
     assert report["gate"]["holds"] and report["gate"]["factor"] >= 2.0
@@ -286,7 +286,7 @@ def test_doctor_finds_the_host_tools_chroot(tools: host_tools.HostTools) -> None
     proc = subprocess.run(
         [sys.executable, "-m", "provision", "doctor", "--json"], capture_output=True, text=True, env=env
     )
-    by_id = {c["id"]: c for c in json.loads(proc.stdout)["checks"]}
+    by_id = {c["id"]: c for c in json.loads(proc.stdout)["data"]["checks"]}
     for cid in ("linux.qemu", "linux.qemu.virtio-gpu-gl", "linux.virglrenderer", "linux.virgl-render-server"):
         assert by_id[cid]["status"] == "ok", by_id[cid]
     assert str(tools.root) in by_id["linux.qemu"]["evidence"]

@@ -211,7 +211,7 @@ def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     assert "fix:" in proc.stderr and "PROVISION_HOST_TOOLS" in proc.stderr
     check = run_provision("host-tools", "--check", "--json", env={"PROVISION_HOST_TOOLS": str(empty)})
     assert check.returncode == 1
-    failing = {c["id"] for c in json.loads(check.stdout)["checks"] if c["status"] == "fail"}
+    failing = {c["id"] for c in json.loads(check.stdout)["data"]["checks"] if c["status"] == "fail"}
     assert {"host-tools.qemu", "host-tools.render-server", "host-tools.xvfb", "host-tools.virglrenderer"} <= failing
 
 
