@@ -20,12 +20,13 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from provision.adapters import runner
 
 # The hypervisor's knobs (virglrenderer reads the first, the backend library the others when
 # virglrenderer passes no config map) and the config keys get_config is asked for.
@@ -129,22 +130,19 @@ def probe(req: ProbeRequest) -> ProbeResult:
     package_root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     started = time.perf_counter()
-    try:
-        proc = subprocess.run([sys.executable, "-P", "-m", "provision.adapters.apir_child", "--child",
-                               json.dumps(asdict(req))], env=env, capture_output=True, text=True, timeout=req.timeout_s)
-    except subprocess.TimeoutExpired as exc:
-        return ProbeResult(asdict(req), "timeout", False, wall_ms=_ms(started),
-                           stderr_tail=(exc.stderr or b"")[-1500:].decode(errors="replace")
-                           if isinstance(exc.stderr, bytes) else str(exc.stderr or "")[-1500:])
+    proc = runner.run([sys.executable, "-P", "-m", "provision.adapters.apir_child", "--child",
+                       json.dumps(asdict(req))], env=env, timeout=req.timeout_s)  # fmt: skip
+    if proc.timed_out:
+        return ProbeResult(asdict(req), "timeout", False, wall_ms=_ms(started), stderr_tail=proc.err[-1500:])
     wall = _ms(started)
-    line = next((x for x in reversed(proc.stdout.splitlines()) if x.startswith("RESULT ")), None)
+    line = next((x for x in reversed(proc.out.splitlines()) if x.startswith("RESULT ")), None)
     if line is None:
-        return ProbeResult(asdict(req), "crash", False, exit_status=proc.returncode,
-                           stderr_tail=proc.stderr.strip()[-1500:], wall_ms=wall)
+        return ProbeResult(asdict(req), "crash", False, exit_status=proc.status,
+                           stderr_tail=proc.err.strip()[-1500:], wall_ms=wall)
     data = json.loads(line[len("RESULT "):])
     result = ProbeResult(**data)
-    result.exit_status = proc.returncode
-    result.stderr_tail = proc.stderr.strip()[-1500:]
+    result.exit_status = proc.status
+    result.stderr_tail = proc.err.strip()[-1500:]
     result.wall_ms = wall
     return result
 

@@ -9,7 +9,6 @@ is the pid of the program itself (QEMU, Xvfb): killing and reaping it needs no t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,8 +103,3 @@ class Chroot:
             *(f"{k}={v}" for k, v in env_items.items()),
             *program,
         ]
-
-
-def can_chroot() -> bool:
-    """Making mount namespaces and chroots needs root (CAP_SYS_ADMIN + CAP_SYS_CHROOT)."""
-    return os.geteuid() == 0

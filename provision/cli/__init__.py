@@ -104,9 +104,28 @@ def build_parser(command: str | None = None, *, full: bool = True) -> argparse.A
     return parser
 
 
+# Options of the root parser that take a value: the word after them is not a command.
+ROOT_VALUE_OPTIONS = ("--set",)
+
+
+def _words(argv: Sequence[str]) -> list[str]:
+    """The words of ``argv`` that are not options (nor an option's value), up to ``--``."""
+    words, skip = [], False
+    for a in argv:
+        if a == "--":
+            break
+        if skip:
+            skip = False
+        elif a in ROOT_VALUE_OPTIONS:
+            skip = True
+        elif not a.startswith("-"):
+            words.append(a)
+    return words
+
+
 def _command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in ``argv`` (the first word that is not an option), if any."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    return next(iter(_words(argv)), None)
 
 
 def _wants_json(argv: Sequence[str]) -> bool:
@@ -140,7 +159,7 @@ def _crash_dir() -> Path:
 
 def _command_path(argv: Sequence[str]) -> str:
     """The command as the envelope names it ("model pull") when parsing did not get that far."""
-    words = [a for a in (list(argv)[: list(argv).index("--")] if "--" in argv else argv) if not a.startswith("-")]
+    words = _words(argv)
     return " ".join(words[:2] if words[:1] and words[0] in GROUPS else words[:1]) or "provision"
 
 

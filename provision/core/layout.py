@@ -7,13 +7,14 @@ for a relocated install (the Nix package sets it to its share/ directory).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from provision.core import settings
 
 
 def data_root() -> Path:
-    override = os.environ.get("PROVISION_DATA_ROOT")
-    return Path(override) if override else Path(__file__).resolve().parents[2]
+    """The setting ``data_root`` (default: beside the package, as in the source tree)."""
+    return settings.current().path("data_root") or Path(__file__).resolve().parents[2]
 
 
 def templates_dir() -> Path:

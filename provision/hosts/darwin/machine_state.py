@@ -10,14 +10,11 @@ import os
 import tempfile
 from pathlib import Path
 
-import platformdirs
-
-from provision.core import values
+from provision.core import paths, values
 
 
 def state_dir() -> Path:
-    override = os.environ.get("PROVISION_STATE")
-    return Path(override) if override else Path(platformdirs.user_state_dir("krun-gpu"))
+    return paths.state_root()
 
 
 def state_file(machine: str) -> Path:

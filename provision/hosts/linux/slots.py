@@ -10,23 +10,20 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.core.errors import GpuSlotTimeout, InvalidValue, RunCancelled
+from provision.core import settings
+from provision.core.errors import GpuSlotTimeout, RunCancelled
 from provision.core.paths import cache_dir
 
 ENV_VAR = "PROVISION_GPU_SLOTS"
-DEFAULT_SLOTS = 2
+DEFAULT_SLOTS = 2  # the default of the setting gpu_slots (provision/core/settings.py)
 
 
 def slot_count() -> int:
-    raw = os.environ.get(ENV_VAR, str(DEFAULT_SLOTS))
-    if not raw.isdigit() or int(raw) < 1:
-        raise InvalidValue(f"environment {ENV_VAR} = {raw!r}: expected a positive integer")
-    return int(raw)
+    """The setting ``gpu_slots`` (checked where it was read: a file, PROVISION_GPU_SLOTS or --set)."""
+    return settings.current().gpu_slots
 
 
 @dataclass
@@ -78,12 +75,3 @@ def acquire(
                 fix=f"wait for the running GPU guests to finish, raise --timeout, or set {ENV_VAR}",
             )
         time.sleep(poll_s)
-
-
-@contextmanager
-def gpu_slot(deadline: float, count: int | None = None) -> Iterator[Slot]:
-    slot = acquire(deadline, count)
-    try:
-        yield slot
-    finally:
-        slot.release()
