@@ -59,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> Result:
-    from provision.apir import host as apir_host
     from provision.core.diagnostics import failed
+    from provision.hosts.linux import apir_host
     from provision.hosts.linux import tools as host_tools
 
     if args.virgl_src is not None and not args.apir:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.apir import loopback, loopback_host
 from provision.core.errors import InvalidValue
+from provision.hosts.linux import loopback, loopback_host
 
 
 def dirs(tmp_path: Path, **over: Path) -> loopback_host.HostDirs:

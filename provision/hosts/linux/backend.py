@@ -77,7 +77,7 @@ class LinuxBackend:
         bench` compares them), and VIRGL_ROUTE_VENUS_TO_APIR left over would take Venus away."""
         if not (stack.route == "apir" and gpu):
             return dict(self.qemu_env), self.watch_workers
-        from provision.apir import host as apir_host
+        from provision.hosts.linux import apir_host
 
         # APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed).
         return {**self.qemu_env, **apir_host.require(tools).qemu_env()}, True
@@ -123,7 +123,7 @@ class LinuxBackend:
         if not command:
             raise VmFailed("no command given to run in the guest", fix="provision run STACK -- CMD ...")
         if stack.route == "apir" and gpu:
-            from provision.apir import host as apir_host
+            from provision.hosts.linux import apir_host
 
             apir_host.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
         tools = host_tools.require(gpu=gpu)

@@ -54,7 +54,7 @@ class LinuxHost:
         return run_shell(req.stack, req.gpu, req.model_path, req.model_name, req.route, req.timeout_s)
 
     def doctor_checks(self, ctx: DoctorContext) -> list[Check]:
-        from provision.apir import host as apir_host
+        from provision.hosts.linux import apir_host
         from provision.hosts.linux.doctor import linux_checks
         from provision.hosts.linux.doctor_isolation import isolation_checks
 

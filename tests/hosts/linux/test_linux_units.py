@@ -247,7 +247,7 @@ def test_host_tools_steps_stream_their_output_and_name_a_failure() -> None:
 def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(tmp_path: Path) -> None:
     # `provision bench llama-apir-linux` runs the APIR guest, then the Venus guest on one backend:
     # VIRGL_ROUTE_VENUS_TO_APIR carried over would route the Venus guest to APIR (no Vulkan0).
-    from provision.apir import host as apir_host
+    from provision.hosts.linux import apir_host
     from provision.hosts.linux import tools as host_tools
 
     (tmp_path / apir_host.STAMP).write_text("{}")

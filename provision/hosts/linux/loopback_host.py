@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from provision.apir import loopback
 from provision.core.errors import InvalidValue
+from provision.hosts.linux import loopback
 
 # Paths are spliced into compiler flags (-I/dir, -Wl,-rpath,a:b), where quoting cannot reach
 # them one by one: only plain characters are allowed.

@@ -26,11 +26,11 @@ from pathlib import Path, PurePosixPath
 
 from provision.adapters import procs
 from provision.adapters.chroot import Chroot
-from provision.apir import host as apir_host
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
 from provision.core.errors import HostToolsMissing, InvalidValue
+from provision.hosts.linux import apir_host
 from provision.hosts.linux import tools as host_tools
 from provision.images import sources
 
@@ -254,7 +254,7 @@ def markdown(target: str, results: dict[str, object], on_host: bool = False) -> 
         "",
         "Guest frontend (pinned llama.cpp + patches/llama.cpp/*) and host libggml-virtgpu-backend in one process, "
         "joined by checks/apir-loopback/virtgpu-loopback.cpp (no QEMU, no virglrenderer); host ggml target: "
-        f"{TARGETS[target][0]}. Command: `python -m provision.apir.loopback --target {target}"
+        f"{TARGETS[target][0]}. Command: `python -m provision.hosts.linux.loopback --target {target}"
         f"{' --on-host' if on_host else ''}`.",
         "",
         f"| op | cases run on {device} | passed | refused (run elsewhere) | exit | ok |",
