@@ -1,4 +1,5 @@
-"""The rooms hold: imports point down (cli -> domain/hosts -> adapters -> core), no cycles, small modules.
+"""The rooms hold: the README's Layout table exactly (every package a row, its docstring saying the
+same, its imports that list and nothing more), no cycles, small modules.
 
 Read from the source with ast (function-level imports included), so a lazy import cannot hide a
 wrong direction.
@@ -7,6 +8,7 @@ wrong direction.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -14,22 +16,80 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "provision"
 MAX_LINES = 400
 
-# layer -> layers it must never import (prefixes of dotted module names)
-FORBIDDEN = {
-    "provision.core": ("provision.adapters", "provision.hosts", "provision.cli", "provision.models",
-                       "provision.images", "provision.apir", "provision.doctor", "provision.bench",
-                       "provision.api", "provision.serve"),
-    "provision.adapters": ("provision.hosts", "provision.cli", "provision.models", "provision.images",
-                           "provision.apir", "provision.doctor", "provision.bench", "provision.api",
-                           "provision.serve"),
-    "provision.hosts.linux": ("provision.hosts.darwin", "provision.cli"),
-    "provision.hosts.darwin": ("provision.hosts.linux", "provision.cli"),
-    "provision.models": ("provision.hosts", "provision.cli", "provision.images", "provision.apir"),
-    "provision.images": ("provision.hosts", "provision.cli"),
-    "provision.apir": ("provision.cli",),
-    "provision.doctor": ("provision.cli",),
-    "provision.bench": ("provision.cli", "provision.hosts", "provision.adapters"),
-}
+README = PACKAGE.parent / "README.md"
+EVERYTHING = "everything"
+
+
+def package_of(module: str, packages: set[str]) -> str | None:
+    """The innermost package of ``packages`` that holds ``module`` (None: the root ``provision``)."""
+    parts = module.split(".")
+    for n in range(len(parts), 1, -1):
+        if ".".join(parts[:n]) in packages:
+            return ".".join(parts[:n])
+    return None
+
+
+def parse_may_import(text: str) -> set[str] | str:
+    """``core, adapters`` -> {"provision.core", "provision.adapters"}; "nothing" -> set(); "everything" stays."""
+    text = text.strip().rstrip(".")
+    if text.startswith(EVERYTHING):
+        return EVERYTHING
+    if text in ("nothing", "—"):
+        return set()
+    return {f"provision.{name.strip()}" for name in text.split(",")}
+
+
+def readme_table() -> dict[str, set[str] | str]:
+    """The README's Layout table: package -> what it may import."""
+    layout = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, set[str] | str] = {}
+    for line in layout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("`provision/") and cells[0].endswith("/`"):
+            name = cells[0].strip("`/").replace("/", ".")
+            if (PACKAGE.parent / cells[0].strip("`") / "__init__.py").is_file():
+                table[name] = parse_may_import(cells[2])
+    return table
+
+
+def docstring_may_import(init: Path) -> set[str] | str | None:
+    doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+    found = re.search(r"^May import: (.+?)$", doc, re.M)
+    return parse_may_import(found.group(1).split(";")[0]) if found else None
+
+
+def packages() -> set[str]:
+    return {module_name(init) for init in PACKAGE.rglob("__init__.py") if init.parent != PACKAGE}
+
+
+def package_imports(graph: dict[str, set[str]], pkgs: set[str]) -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (a package's own sub-packages are its own rows)."""
+    out: dict[str, set[str]] = {p: set() for p in pkgs}
+    for mod, deps in graph.items():
+        here = package_of(mod, pkgs)
+        if here is None:
+            continue
+        for dep in deps:
+            there = package_of(dep, pkgs)
+            if there is not None and there != here:
+                out[here].add(there)
+    return out
+
+
+def violations(graph: dict[str, set[str]], table: dict[str, set[str] | str]) -> list[str]:
+    """Imports the table does not allow, and allowances the code does not use (a row that lies)."""
+    out = []
+    for pkg, uses in package_imports(graph, set(table)).items():
+        allowed = table[pkg]
+        if allowed == EVERYTHING:
+            continue
+        assert isinstance(allowed, set)
+        out += [f"{pkg} imports {d}, which its row does not allow" for d in sorted(uses - allowed)]
+        out += [f"{pkg}'s row allows {d}, which it does not import" for d in sorted(allowed - uses)]
+    for mod, deps in graph.items():
+        if not mod.startswith("provision.cli") and mod != "provision.__main__":
+            out += [f"{mod} imports the CLI ({d})" for d in deps if d.startswith("provision.cli")]
+    return sorted(set(out))
 
 
 def module_name(path: Path) -> str:
@@ -72,17 +132,6 @@ def all_modules() -> dict[str, set[str]]:
     return {module_name(p): imports_of(p) for p in sorted(PACKAGE.rglob("*.py"))}
 
 
-def violations(graph: dict[str, set[str]]) -> list[str]:
-    out = []
-    for mod, deps in graph.items():
-        for layer, banned in FORBIDDEN.items():
-            if mod == layer or mod.startswith(layer + "."):
-                out += [f"{mod} imports {d}" for d in deps for b in banned if d == b or d.startswith(b + ".")]
-        if not mod.startswith("provision.cli") and mod != "provision.__main__":
-            out += [f"{mod} imports the CLI ({d})" for d in deps if d.startswith("provision.cli")]
-    return sorted(set(out))
-
-
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Module import cycles (Tarjan's strongly connected components of size > 1)."""
     index: dict[str, int] = {}
@@ -122,8 +171,24 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_imports_point_down() -> None:
-    assert violations(all_modules()) == []
+def test_every_package_has_a_readme_row_and_a_docstring_that_says_the_same() -> None:
+    table = readme_table()
+    assert set(table) == packages()
+    said = {module_name(init): docstring_may_import(init) for init in PACKAGE.rglob("__init__.py")
+            if init.parent != PACKAGE}  # fmt: skip
+    assert said == table
+
+
+def test_imports_are_exactly_the_readme_table() -> None:
+    assert violations(all_modules(), readme_table()) == []
+
+
+def test_no_package_cycles() -> None:
+    pkgs = packages()
+    graph = package_imports(all_modules(), pkgs)
+    # A package importing its parent (hosts.linux -> hosts: the protocol it implements) is the
+    # expected direction; the parent picks its children by name at run time, never by import.
+    assert cycles(graph) == []
 
 
 def test_no_import_cycles() -> None:
@@ -137,38 +202,46 @@ def test_no_module_over_the_size_limit() -> None:
     assert big == {}
 
 
-def test_every_package_says_what_lives_there_and_what_it_may_import() -> None:
-    missing = []
-    for init in PACKAGE.rglob("__init__.py"):
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        if init.parent != PACKAGE and "import" not in doc.lower():
-            missing.append(module_name(init))
-    assert missing == []
+TOY: dict[str, set[str] | str] = {
+    "provision.core": set(),
+    "provision.adapters": {"provision.core"},
+    "provision.hosts": {"provision.core", "provision.adapters"},
+    "provision.cli": EVERYTHING,
+}
+GOOD = {
+    "provision.adapters.a": {"provision.core.errors"},
+    "provision.hosts.h": {"provision.adapters.a", "provision.core"},
+    "provision.cli.c": {"provision.hosts.h"},
+}
 
 
 @pytest.mark.parametrize(
-    ("module", "source", "expected"),
+    ("extra", "expected"),
     [
-        ("provision.core.x", "from provision.adapters import podman\n",
-         ["provision.core.x imports provision.adapters.podman"]),
-        ("provision.adapters.x", "def f():\n    from provision.hosts.linux import backend\n",
-         ["provision.adapters.x imports provision.hosts.linux.backend"]),
-        ("provision.models.x", "from provision.cli import main\n",
-         ["provision.models.x imports provision.cli", "provision.models.x imports the CLI (provision.cli)"]),
-        ("provision.hosts.linux.x", "from provision.core import errors\n", []),
+        ({}, []),
+        ({"provision.core.x": {"provision.adapters.podman"}},
+         ["provision.core imports provision.adapters, which its row does not allow"]),
+        ({"provision.adapters.x": {"provision.hosts.h"}},
+         ["provision.adapters imports provision.hosts, which its row does not allow"]),
+        ({"provision.adapters.x": {"provision.cli"}},
+         ["provision.adapters imports provision.cli, which its row does not allow",
+          "provision.adapters.x imports the CLI (provision.cli)"]),
     ],
 )
-def test_the_checker_catches_a_wrong_direction(tmp_path: Path, module: str, source: str, expected: list[str]) -> None:
+def test_the_checker_catches_a_wrong_direction(extra: dict[str, set[str]], expected: list[str]) -> None:
     # The checker itself must be able to fail: feed it a module with a forbidden import.
-    path = tmp_path / "x.py"
-    path.write_text(source)
-    tree = ast.parse(source)
-    deps: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            deps.add(f"{node.module}.{node.names[0].name}" if _is_module(f"{node.module}.{node.names[0].name}")
-                     else node.module)
-    assert violations({module: deps}) == expected
+    assert violations({**GOOD, **extra}, TOY) == expected
+
+
+def test_the_checker_catches_a_row_that_allows_what_nothing_imports() -> None:
+    lying = {**TOY, "provision.hosts": {"provision.core", "provision.adapters"}}
+    graph = {**GOOD, "provision.hosts.h": {"provision.core.errors"}}  # hosts no longer uses adapters
+    assert violations(graph, lying) == ["provision.hosts's row allows provision.adapters, which it does not import"]
+
+
+def test_a_docstring_may_import_line_is_read_like_a_readme_cell() -> None:
+    assert parse_may_import("core, adapters.") == {"provision.core", "provision.adapters"}
+    assert parse_may_import("nothing.") == set() and parse_may_import("everything; nothing imports it") == EVERYTHING
 
 
 def test_cycle_finder_finds_a_cycle() -> None:

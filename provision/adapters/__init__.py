@@ -1,4 +1,5 @@
-"""Adapters: each module talks to exactly one outside program or library (podman, QEMU, HTTP, ctypes …).
+"""Adapters: each module talks to one outside program or library (podman, QEMU, HTTP, ctypes …),
+plus the owned process tree (procs.py) and the one way to run a program on it (runner.py).
 
-May import core only; never a host, a domain package or the CLI.
+May import: core.
 """

@@ -1,4 +1,6 @@
-"""The APIR host side: ggml builds of the host backend, the ctypes preflight, virglrenderer with APIR.
+"""The APIR route's host-neutral logic: ggml builds of the host backend, the ctypes preflight, the
+protocol, virglrenderer-APIR sources, the route's environment. The Linux chroot build of the
+APIR host and the loopback live in hosts/linux (apir_host.py, loopback.py).
 
-May import core, images (the pinned sources) and adapters; never the CLI.
+May import: core, images, adapters.
 """

@@ -1,4 +1,6 @@
 """Benchmarks: llama-bench JSON turned into side-by-side tables, ratios, gates and plots.
 
-May import core only; the runs themselves belong to the host backends.
+The runs belong to the hosts (``Host.bench``; hosts/linux/bench_run.py).
+
+May import: core.
 """

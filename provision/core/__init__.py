@@ -1,4 +1,8 @@
-"""The pure core: error codes, the pins file, the stack catalog and its rules, state paths.
+"""The core: error codes, the pins file, the stack catalog and its rules, checks as data, the
+settings, the cache layout, results and their envelope, logging, files written whole.
 
-May import only the standard library and third-party parsers; never adapters, hosts, domain packages or the CLI.
+No subprocess and no network here; the I/O is reading the project's own data files and the
+config files, making the cache and state directories, and writing files whole.
+
+May import: nothing.
 """

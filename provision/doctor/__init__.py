@@ -1,4 +1,5 @@
-"""`provision doctor`: every host's checks gathered as data (id, status, evidence, fix).
+"""`provision doctor`: this host's checks (``hosts.native().doctor_checks``) and the APIR preflight,
+gathered as data (id, status, evidence, fix), and the settings in force with their sources.
 
-May import core, hosts and apir (their check providers); never the CLI.
+May import: core, apir, hosts.
 """

@@ -1,4 +1,4 @@
 """Guest images: Containerfiles rendered from the catalog and pins, podman builds, the pinned source sdist.
 
-May import core, models and adapters (podman, debootstrap); never hosts or the CLI.
+May import: core, models, adapters.
 """

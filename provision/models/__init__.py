@@ -1,4 +1,4 @@
 """The model store: names and references, sha256-verified resumable pulls, the synthetic models.
 
-May import core and adapters (HTTP); never hosts or the CLI.
+May import: core, adapters.
 """

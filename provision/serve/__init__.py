@@ -1,4 +1,6 @@
 """`provision serve`: llama-server in a guest, published on the host; `ps` and `stop` (state.py).
 
-May import core, adapters and the hosts (a serve runs in a Linux QEMU guest or a podman container).
+The guest itself comes from the host (``Host.serve_guest``: hosts/linux/serve.py, hosts/darwin/serve.py).
+
+May import: core, adapters.
 """

@@ -1,4 +1,4 @@
-"""The macOS host: the krun bundle, podman machine + krunkit launch plans, run plans, doctor checks.
+"""The macOS host: the krun bundle, podman machine + krunkit launch plans, run plans, serve, doctor checks.
 
-May import core, images and adapters; never the CLI or the Linux host.
+May import: core, adapters, apir, bench, hosts, serve.
 """

@@ -1,4 +1,5 @@
-"""The Linux host: QEMU + virglrenderer guests (host tools, disks, GPU slots, watchdog, doctor checks).
+"""The Linux host: QEMU + virglrenderer guests (host tools, disks, GPU slots, watchdog, the APIR
+chroot build and loopback, serve, shell, bench, doctor checks).
 
-May import core, models, images, apir and adapters; never the CLI or the darwin host.
+May import: core, adapters, apir, bench, hosts, images, serve.
 """
