@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
+from provision.adapters import runner
 from provision.core.errors import SourceUnavailable, ToolMissing
 
 SOURCES_DIRS = (Path("/etc/apt/sources.list.d"), Path("/etc/apt"))
@@ -72,11 +72,11 @@ def download(package: str, version: str, *, suite: str, dest: Path, arch: str = 
             ("apt-get update", [apt_get, *opts, "update"], None),
             ("apt-get download", [apt_get, *opts, "download", f"{package}={version}"], dest),
         ):
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-            if proc.returncode != 0:
+            proc = runner.run(cmd, cwd=cwd)
+            if proc.status != 0:
                 raise SourceUnavailable(
-                    f"{step} {package}={version} from {suite} failed (exit {proc.returncode}): "
-                    f"{(proc.stderr or proc.stdout).strip()[-600:]}",
+                    f"{step} {package}={version} from {suite} failed (exit {proc.status}): "
+                    f"{(proc.err or proc.out).strip()[-600:]}",
                     fix=f"check that {suite} still carries {package} {version}; the pin is debian.build_packages",
                 )
     found = sorted(dest.glob(f"{package}_*.deb"))
@@ -87,6 +87,4 @@ def download(package: str, version: str, *, suite: str, dest: Path, arch: str = 
 
 def extract(deb: Path, dest: Path) -> None:
     """dpkg -x: unpack the data member (no maintainer scripts run)."""
-    proc = subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SourceUnavailable(f"dpkg-deb -x {deb} failed: {proc.stderr.strip()}")
+    runner.run(["dpkg-deb", "-x", str(deb), str(dest)], error=SourceUnavailable, what=f"dpkg-deb -x {deb}")

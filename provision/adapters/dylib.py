@@ -12,10 +12,11 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from provision.adapters import runner
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,13 @@ def _probe_in_process(path: str, symbols: list[str]) -> dict[str, object]:
 def probe_symbols(path: Path | str, symbols: list[str], *, timeout: float = 20.0) -> SymbolProbe:
     """dlopen ``path`` in a child interpreter and report which of ``symbols`` dlsym finds."""
     argv = [sys.executable, "-m", "provision.adapters.dylib", str(path), *symbols]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired:
+    proc = runner.run(argv, timeout=timeout)
+    if proc.timed_out:
         return SymbolProbe(str(path), False, f"dlopen did not return within {timeout:.0f} s")
-    if proc.returncode != 0 or not proc.stdout.strip():
-        why = (proc.stderr.strip().splitlines() or [f"probe exited {proc.returncode}"])[-1]
+    if proc.status != 0 or not proc.out.strip():
+        why = (proc.err.strip().splitlines() or [f"probe exited {proc.status}"])[-1]
         return SymbolProbe(str(path), False, f"loading crashed the probe: {why}")
-    data = json.loads(proc.stdout)
+    data = json.loads(proc.out)
     return SymbolProbe(str(path), bool(data["loaded"]), data["error"], dict(data["present"]))
 
 

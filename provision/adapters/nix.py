@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
+from provision.adapters import runner
 from provision.core.errors import ToolMissing
 
 FEATURES = ["--extra-experimental-features", "nix-command flakes"]
@@ -13,14 +12,7 @@ FEATURES = ["--extra-experimental-features", "nix-command flakes"]
 
 def hash_path(path: Path) -> str:
     """SRI sha256 of the NAR serialisation of ``path`` (what fetchFromGitHub pins)."""
-    if shutil.which("nix") is None:
-        raise ToolMissing("nix is not installed", fix="apt-get install nix-bin (scripts/setup-debian does)")
-    proc = subprocess.run(
-        ["nix", *FEATURES, "hash", "path", "--type", "sha256", "--sri", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise ToolMissing(f"nix hash path {path} failed: {proc.stderr.strip()}")
-    return proc.stdout.strip()
+    proc = runner.run(["nix", *FEATURES, "hash", "path", "--type", "sha256", "--sri", str(path)],
+                      error=ToolMissing, what=f"nix hash path {path}",
+                      missing_fix="apt-get install nix-bin (scripts/setup-debian does)")  # fmt: skip
+    return proc.out.strip()

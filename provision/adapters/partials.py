@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
+
+from provision.adapters import runner
 
 
 def _unescape(field: str) -> str:
@@ -50,7 +51,7 @@ def remove(path: Path) -> None:
     if not path.exists() and not path.is_symlink():
         return
     for point in mounts_below(path):
-        subprocess.run(["umount", "--lazy", str(point)], capture_output=True)
+        runner.run(["umount", "--lazy", str(point)])  # what it cannot unmount, rmtree then reports
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)
     else:

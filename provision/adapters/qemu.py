@@ -8,10 +8,10 @@ it; probing runs ``qemu-system-x86_64 -device virtio-gpu-gl-pci,help`` and
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from provision.adapters import runner
 from provision.core.diagnostics import Check
 from provision.core.errors import ToolMissing
 
@@ -54,29 +54,26 @@ def parse_display_help(text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def _qemu(wrap: Wrap, *args: str) -> subprocess.CompletedProcess[str]:
-    argv = wrap([BINARY, *args])
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except FileNotFoundError as exc:
-        raise ToolMissing(f"cannot run {argv[0]}: {exc.strerror}") from None
-    except subprocess.TimeoutExpired:
-        raise ToolMissing(f"`{BINARY} {' '.join(args)}` did not answer in 60 s") from None
+def _qemu(wrap: Wrap, *args: str) -> runner.Done:
+    done = runner.run(wrap([BINARY, *args]), timeout=60)
+    if done.timed_out:
+        raise ToolMissing(f"`{BINARY} {' '.join(args)}` did not answer in 60 s")
+    return done
 
 
 def probe(wrap: Wrap, where: str) -> Capabilities:
     """What the QEMU that ``wrap`` reaches can do; ``where`` names it in errors."""
     ver = _qemu(wrap, "--version")
-    if ver.returncode != 0:
-        raise ToolMissing(f"`{BINARY} --version` failed under {where}: {(ver.stderr or ver.stdout).strip()[:300]}")
+    if ver.status != 0:
+        raise ToolMissing(f"`{BINARY} --version` failed under {where}: {(ver.err or ver.out).strip()[:300]}")
     dev = _qemu(wrap, "-device", f"{GPU_DEVICE},help")
     disp = _qemu(wrap, "-display", "help")
-    first = ver.stdout.splitlines()[0] if ver.stdout else ""
+    first = ver.out.splitlines()[0] if ver.out else ""
     m = re.search(r"version (\S+)", first)
     return Capabilities(
-        gpu_device=dev.returncode == 0,
-        gpu_properties=parse_device_help(dev.stdout + dev.stderr) if dev.returncode == 0 else frozenset(),
-        displays=parse_display_help(disp.stdout),
+        gpu_device=dev.status == 0,
+        gpu_properties=parse_device_help(dev.out + dev.err) if dev.status == 0 else frozenset(),
+        displays=parse_display_help(disp.out),
         version=m.group(1) if m else first,
     )
 

@@ -34,6 +34,7 @@ class Done:
     err: str
     tail: tuple[str, ...] = ()  # the last lines of a streamed run (stdout and stderr together)
     timed_out: bool = False
+    raw: bytes = b""  # stdout as bytes, with ``text=False`` (a binary diff, an archive)
 
     @property
     def ok(self) -> bool:
@@ -87,13 +88,21 @@ def run(
         except procs.TimeoutExpired:
             done = Done(tuple(argv), 124, "", f"{name} did not finish within {timeout:.0f} s", timed_out=True)
         else:
-            done = Done(tuple(argv), proc.returncode, proc.stdout or "", proc.stderr or "")
+            raw = proc.stdout if isinstance(proc.stdout, bytes) else b""
+            done = Done(tuple(argv), proc.returncode, _text(proc.stdout), _text(proc.stderr), raw=raw)
     else:
         done = _streamed(argv, name, stream, tail, timeout, run_dir, kw)
     if error is not None and not done.ok:
         how = f"did not finish within {timeout:.0f} s" if done.timed_out else f"exited {done.status}"
         raise error(f"{what or name} {how}:\n{done.last()}", fix=fix)
     return done
+
+
+def _text(output: str | bytes | None) -> str:
+    """Output as text (a child fed bytes, ``text=False``, may answer in any encoding)."""
+    if isinstance(output, bytes):
+        return output.decode(errors="replace")
+    return output or ""
 
 
 def _streamed(argv: list[str], name: str, stream: Callable[[str], None], tail: int, timeout: float | None,

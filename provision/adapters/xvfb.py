@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import select
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from provision.core.errors import VmFailed
 
 @dataclass
 class Xvfb:
-    process: subprocess.Popen[bytes]
+    process: procs.Popen[bytes]
     display: str
 
     @property
@@ -55,9 +54,9 @@ def start(
             run_dir,
             "xvfb",
             keep_fds=(write_fd,),
-            stdin=subprocess.DEVNULL,
+            stdin=procs.DEVNULL,
             stdout=out,
-            stderr=subprocess.STDOUT,
+            stderr=procs.STDOUT,
         )
     os.close(write_fd)
     deadline = time.monotonic() + timeout_s

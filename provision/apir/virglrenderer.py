@@ -9,11 +9,10 @@ which is checked against the pin (commit present, NAR hash of its tree equal).
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from provision.adapters import git, nix
+from provision.adapters import git, nix, runner
 from provision.core import paths
 from provision.core import pins as pins_mod
 from provision.core.errors import SourceUnavailable
@@ -51,25 +50,23 @@ def fetch_pinned(pin: pins_mod.SourcePin, *, timeout_s: float = 60.0) -> Path:
     """Fetch the pinned commits into a cached bare repository, or fail naming --virgl-src."""
     dest = paths.cache_dir("virgl-apir") / "mirror.git"
     if not (dest / "HEAD").exists():
-        subprocess.run(["git", "init", "--quiet", "--bare", str(dest)], check=True)
+        runner.run(["git", "init", "--quiet", "--bare", str(dest)], error=SourceUnavailable, what="git init",
+                   fix=f"make {dest.parent} writable, or pass --virgl-src DIR", missing_fix="install git")  # fmt: skip
     url = f"https://github.com/{pin['owner']}/{pin['repo']}.git"
     for rev in [pin["rev"], *(f.commit for f in fixes(pin))]:
         if git.has_commit(dest, rev):
             continue
-        try:
-            proc = subprocess.run(
-                ["git", f"--git-dir={dest}", "fetch", "--quiet", "--depth=2", url, rev],
-                capture_output=True,
-                text=True,
-                timeout=timeout_s,
-                check=False,
-                env={"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"},
-            )
-        except subprocess.TimeoutExpired:
-            raise unreachable(pin) from None
-        if proc.returncode != 0 or not git.has_commit(dest, rev):
+        proc = runner.run(
+            ["git", f"--git-dir={dest}", "fetch", "--quiet", "--depth=2", url, rev],
+            timeout=timeout_s,
+            env={"GIT_TERMINAL_PROMPT": "0", "PATH": "/usr/bin:/bin"},
+            missing_fix="install git",
+        )
+        if proc.timed_out:
+            raise unreachable(pin)
+        if proc.status != 0 or not git.has_commit(dest, rev):
             err = unreachable(pin)
-            err.message += f" ({proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else 'fetch failed'})"
+            err.message += f" ({proc.err.strip().splitlines()[-1] if proc.err.strip() else 'fetch failed'})"
             raise err
     return dest
 
@@ -107,16 +104,15 @@ def prepare_tree(src: Path, pin: pins_mod.SourcePin | None = None) -> Path:
             fix="the repository does not hold the pinned content; use an unmodified clone",
         )
     for fix in fixes(pin):
-        patch = subprocess.run(
+        patch = runner.run(
             ["patch", "-p1", "--forward", "--batch", "-d", str(tmp)],
             input=git.commit_diff(gdir, fix.commit),
-            capture_output=True,
-            check=False,
+            text=False,
+            missing_fix="install patch",
         )
-        if patch.returncode != 0:
+        if patch.status != 0:
             raise SourceUnavailable(
-                f"upstream fix {fix.commit[:8]} ({fix.why}) does not apply to {pin['rev'][:8]}: "
-                + patch.stdout.decode(errors="replace")[-400:]
+                f"upstream fix {fix.commit[:8]} ({fix.why}) does not apply to {pin['rev'][:8]}: " + patch.out[-400:]
             )
     tmp.rename(dest)
     return dest

@@ -59,6 +59,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> Result:
+    from provision import hosts
+
+    if not hosts.native_is("linux"):
+        raise hosts.wrong_platform(hosts.platform_key(), "provision host-tools (the Linux route's QEMU chroot)",
+                                   fix="on macOS the krun bundle is the host side: nix profile add .#krun")  # fmt: skip
     from provision.core.diagnostics import failed
     from provision.hosts.linux import apir_host
     from provision.hosts.linux import tools as host_tools
@@ -85,34 +90,19 @@ def run(args: argparse.Namespace) -> Result:
 
 
 def _bundle(args: argparse.Namespace) -> Result:
-    from provision.core import catalog
-    from provision.hosts.linux import bundle, bundle_archive, disks
-    from provision.hosts.linux import tools as host_tools
-    from provision.hosts.linux.backend import image_for
+    from provision.core.diagnostics import Check, failed
+    from provision.hosts.linux import tools_bundle
 
     if args.bundle is not None and args.from_ is not None:
         raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
+    checks: list[Check] = []
     if args.from_ is not None:
-        dest = bundle_archive.install(args.from_, args.to)
-        tools = host_tools.HostTools(dest, "bundle", bundle=True)
-        checks = host_tools.checks(tools)
-        payload: dict[str, object] = {"installed": str(dest), "checks": [c.as_dict() for c in checks]}
+        payload, checks = tools_bundle.install(args.from_, args.to)
     else:
         if args.to is not None:
             raise InvalidValue("--to is only used with --from")
         if args.apir:
             raise InvalidValue("--bundle with --apir is not supported yet", fix="make the bundle without --apir")
-        chroot = host_tools.make()
-        guest = None
-        if not args.no_guest:
-            stack = catalog.load().get(args.stack)
-            ref, image_id = image_for(stack)
-            disk = disks.root_disk(ref, image_id)
-            guest = bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk)
-        manifest = bundle.make(chroot.root, args.bundle, guest)
-        checks = []
-        payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
-    from provision.core.diagnostics import failed
-
+        payload = tools_bundle.make(args.bundle, args.stack, not args.no_guest)
     lines = [f"{k}: {v}" for k, v in payload.items() if k != "checks"] + ([checks_table(checks)] if checks else [])
     return Result(payload, "\n".join(lines), exit_status=1 if failed(checks) else 0)

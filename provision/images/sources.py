@@ -12,7 +12,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from provision.adapters import runner
 from provision.core import paths, pins
 from provision.core.errors import SourceUnavailable
 
@@ -69,11 +69,11 @@ def sdist_path(pin_set: pins.Pins | None = None) -> Path:
             requirement = f"{str(pin['pname']).replace('_', '-')}=={pin['version']}"
             cmd = pip_download_command(requirement, Path(tmp))
             print(f"sources: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
+            proc = runner.run(cmd)
+            if proc.status != 0:
                 raise SourceUnavailable(
-                    f"sources.{SDIST_PIN}: pip download {requirement} failed (exit {proc.returncode}): "
-                    f"{proc.stderr.strip()[-800:]}",
+                    f"sources.{SDIST_PIN}: pip download {requirement} failed (exit {proc.status}): "
+                    f"{proc.err.strip()[-800:]}",
                     fix="check network access to the Python package index (pip config list)",
                 )
             got = Path(tmp) / str(pin["filename"])

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -173,15 +172,15 @@ class Loopback:
     def test_backend_ops(self, args: Sequence[str], timeout_s: float = 900) -> tuple[int, str]:
         try:
             proc = procs.run(self.argv([f"{self.where.bin}/test-backend-ops", *args]), "apir-loopback",
-                             timeout=timeout_s, text=True, stderr=subprocess.STDOUT)
-        except subprocess.TimeoutExpired as exc:
+                             timeout=timeout_s, text=True, stderr=procs.STDOUT)
+        except procs.TimeoutExpired as exc:
             out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
             return 124, out
         return proc.returncode, proc.stdout
 
     def build(self, target: str) -> None:
         script = build_script(guest_patches(), target, self.where)
-        proc = procs.run(self.argv(["sh", "-c", script]), "apir-loopback-build", text=True, stderr=subprocess.STDOUT)
+        proc = procs.run(self.argv(["sh", "-c", script]), "apir-loopback-build", text=True, stderr=procs.STDOUT)
         if proc.returncode != 0:
             raise HostToolsMissing(
                 "building the APIR loopback failed: " + proc.stdout[-1500:],

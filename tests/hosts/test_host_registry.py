@@ -1,0 +1,48 @@
+"""One Host protocol and one registry: both hosts implement every operation, the CLI asks
+`hosts.native()`, and a plan is data before anything runs."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from provision import hosts
+from provision.core import catalog, errors
+
+OPERATIONS = ("plan_run", "run", "serve_guest", "shell", "doctor_checks", "bench")
+CLI = Path(hosts.__file__).resolve().parents[1] / "cli"
+
+
+@pytest.mark.parametrize("key", sorted(hosts.HOSTS))
+def test_every_host_implements_every_operation(key: str) -> None:
+    host = hosts.get(key)
+    assert isinstance(host, hosts.Host) and host.name == key
+    assert all(callable(getattr(host, op)) for op in OPERATIONS)
+
+
+def test_an_unknown_platform_is_e033() -> None:
+    with pytest.raises(errors.WrongPlatform):
+        hosts.native("win32")
+    assert hosts.platform_key("linux") == "linux" and hosts.platform_key("darwin") == "darwin"
+
+
+def test_the_cli_never_reads_the_platform() -> None:
+    # the one place that reads sys.platform is provision/hosts/__init__.py
+    for path in CLI.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        reads = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "platform"
+                 and isinstance(n.value, ast.Name) and n.value.id == "sys"]  # fmt: skip
+        assert reads == [], path.name
+
+
+def test_a_linux_run_plan_is_data_and_refuses_a_gpu_on_a_cpu_stack_first() -> None:
+    cat = catalog.load()
+    host = hosts.get("linux")
+    req = hosts.RunRequest(cat.get("llama-linux"), True, ("vulkaninfo", "--summary"), model_name="tiny.gguf")
+    plan = host.plan_run(req)
+    assert plan["route"] == "venus" and plan["gpu"] is True and plan["accel"] in ("kvm", "tcg")
+    assert "vulkaninfo --summary" in str(plan["job"]) and plan["limits"]["timeout_s"] == req.limits.timeout_s
+    with pytest.raises(errors.GpuNotSupported):
+        host.plan_run(hosts.RunRequest(cat.get("cpu"), True, ("true",)))
