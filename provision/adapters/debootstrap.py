@@ -7,12 +7,12 @@ snapshot whose Release file has expired, so apt inside is told not to check vali
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from provision.adapters import partials, procs
 from provision.core.errors import ImageBuildFailed, ToolMissing
+from provision.core.log import say
 
 APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
 APT_NO_RECOMMENDS = 'APT::Install-Recommends "false";\n'
@@ -39,7 +39,7 @@ def make_rootfs(suite: str, dest: Path, *, variant: str = "minbase", include: Se
     partials.remove(tmp)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     cmd = command(suite, tmp, variant=variant, include=include)
-    print(f"debootstrap: {' '.join(cmd)}", file=sys.stderr, flush=True)
+    say("debootstrap")(f"debootstrap: {' '.join(cmd)}")
     private = ["unshare", "--mount", "--propagation", "private", *cmd]
     proc = procs.run(private, "debootstrap", stderr=procs.STDOUT, text=True)
     if proc.returncode != 0:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import re
-import sys
 import threading
 import time
 import traceback
@@ -24,6 +23,7 @@ from typing import Any
 
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout
+from provision.core.log import say
 from provision.hosts.linux.backend import LinuxBackend, RunResult
 
 Event = dict[str, Any]
@@ -175,7 +175,8 @@ class Runner:
     ) -> None:
         self.max_vms = max_vms
         self.capture_bytes = capture_bytes
-        self.log = log or (lambda s: print(f"provision api: {s}", file=sys.stderr, flush=True))
+        progress = say("api")
+        self.log = log or (lambda s: progress(f"provision api: {s}"))
         self.backend_factory = backend_factory
         self.draining = False
         self._places = threading.Semaphore(max_vms)

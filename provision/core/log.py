@@ -1,7 +1,8 @@
 """stdlib logging for provision: ``-v``/``-q`` on stderr, and one log file per invocation.
 
-Every module logs to ``logging.getLogger("provision.<area>")``. stderr shows warnings (``-q``:
-errors only; ``-v``: info, which includes each program provision runs; ``-vv``: debug). The
+Every module logs to ``logging.getLogger("provision.<area>")``. stderr shows progress (NOTICE,
+``say``) and warnings (``-q``: errors only; ``-v``: info, which includes each program provision
+runs; ``-vv``: debug). The
 file, ``<state>/logs/<time>-<pid>-<command>.log``, always gets debug; the newest ``KEEP`` stay
 (the idea comes from pipx's per-command log). A log file that cannot be written never fails
 a command: the stderr handler still works.
@@ -14,17 +15,27 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = "provision"
 KEEP = 30
 _OURS = "_provision_handler"
+# Progress a person watching should see (what a long step is doing): shown by default, hidden by -q.
+NOTICE = 25
+logging.addLevelName(NOTICE, "NOTICE")
 
 
 def level_for(verbose: int, quiet: bool) -> int:
     if quiet:
         return logging.ERROR
-    return {0: logging.WARNING, 1: logging.INFO}.get(verbose, logging.DEBUG)
+    return {0: NOTICE, 1: logging.INFO}.get(verbose, logging.DEBUG)
+
+
+def say(area: str) -> Callable[[str], None]:
+    """A ``log(text)`` for progress lines of ``area`` (``provision.<area>``), at NOTICE."""
+    logger = logging.getLogger(f"{ROOT}.{area}")
+    return lambda text: logger.log(NOTICE, "%s", text)
 
 
 class _Stderr(logging.Handler):
@@ -38,6 +49,14 @@ class _Stderr(logging.Handler):
             self.handleError(record)
 
 
+class _Plain(logging.Formatter):
+    """``provision: message``; progress lines (NOTICE) name their area themselves, as they always did."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno == NOTICE else f"provision: {text}"
+
+
 def setup(verbose: int = 0, quiet: bool = False, log_dir: Path | None = None, command: str = "") -> Path | None:
     """(Re)configure the ``provision`` logger for one invocation; return the log file, if one was opened."""
     logger = logging.getLogger(ROOT)
@@ -48,7 +67,7 @@ def setup(verbose: int = 0, quiet: bool = False, log_dir: Path | None = None, co
     logger.propagate = False
     err = _Stderr()
     err.setLevel(level_for(verbose, quiet))
-    err.setFormatter(logging.Formatter("provision: %(message)s"))
+    err.setFormatter(_Plain())
     setattr(err, _OURS, True)
     logger.addHandler(err)
     if log_dir is None:

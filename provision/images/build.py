@@ -22,6 +22,7 @@ from provision.core import catalog as catalog_mod
 from provision.core import layout, paths
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
+from provision.core.log import say
 from provision.images import render, sources
 
 
@@ -218,7 +219,7 @@ def build(
     flags = podman.decide_flags(podman.probe_host())
     stages = []
     for stage in rendered.package_stages:
-        print(f"image: {stack.name}: {stage.stage} packages as {stage.ref} (network on)", file=sys.stderr)
+        say("image")(f"image: {stack.name}: {stage.stage} packages as {stage.ref} (network on)")
         stage_result = podman.build(context, stage.ref, flags, containerfile=stage.file, log=log)
         stages.append(StageImage(stage.stage, stage.ref, stage_result))
     print(f"image: building {stack.name} as {ref} ({' '.join(flags.args()) or 'default isolation'}, network off)",

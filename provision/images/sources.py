@@ -22,6 +22,7 @@ from filelock import FileLock
 from provision.adapters import runner
 from provision.core import paths, pins
 from provision.core.errors import SourceUnavailable
+from provision.core.log import say
 
 SDIST_PIN = "llama-cpp-python-sdist"
 LLAMA_PIN = "llama-cpp"
@@ -68,7 +69,7 @@ def sdist_path(pin_set: pins.Pins | None = None) -> Path:
         with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
             requirement = f"{str(pin['pname']).replace('_', '-')}=={pin['version']}"
             cmd = pip_download_command(requirement, Path(tmp))
-            print(f"sources: {' '.join(cmd[1:])}", file=sys.stderr, flush=True)
+            say("sources")(f"sources: {' '.join(cmd[1:])}")
             proc = runner.run(cmd)
             if proc.status != 0:
                 raise SourceUnavailable(

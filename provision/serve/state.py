@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.adapters import procs
+from provision.core import outputs
 from provision.core.errors import InvalidValue, ProvisionError, VmFailed, all_errors
 from provision.core.paths import cache_dir
 
@@ -79,9 +80,8 @@ def _path(name: str) -> Path:
 
 
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    """Whole or not at all, fsynced (core/outputs.py: the one such writer); state files are ours."""
+    outputs.write_text(path, json.dumps(data, indent=2) + "\n", flag="serve state", force=True)
 
 
 def _load(path: Path) -> Entry | None:

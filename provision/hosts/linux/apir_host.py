@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,6 +27,7 @@ from provision.core import layout, paths
 from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import ApirBackendRefused, HostToolsMissing
+from provision.core.log import say
 from provision.hosts.linux import tools as host_tools
 from provision.images import sources
 
@@ -144,7 +144,7 @@ def make(
     log: Callable[[str], None] | None = None,
 ) -> ApirHost:
     pins = pins or pins_mod.default()
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or say("apir")  # stderr: stdout is for --json
     pin = pins.require(virgl_apir.PIN, purpose="the APIR route's virglrenderer")
     # Fail on the source before spending minutes on anything else.
     src = virgl_src if virgl_src is not None else virgl_apir.fetch_pinned(pin)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -27,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from provision.core import pins as pins_mod
 from provision.core.catalog import Stack
 from provision.core.errors import HostToolsMissing
+from provision.core.log import say
 from provision.hosts.linux import elf
 from provision.hosts.linux.bundle_archive import FORMAT, MANIFEST, compression_for, hashes, pack
 from provision.hosts.linux.disks import RootDisk
@@ -300,7 +300,7 @@ def make(
     root: Path, out: Path, guest: Guest | None, *, level: int = 10, log: Callable[[str], None] | None = None
 ) -> dict[str, object]:
     """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))  # stdout is for --json
+    log = log or say("host-tools")  # stderr: stdout is for --json
     kind = compression_for(out)  # a bad name fails before minutes of staging
     staging = out.with_name(f".{out.name}.staging-{os.getpid()}")
     if staging.exists():

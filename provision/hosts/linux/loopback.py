@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -29,6 +28,7 @@ from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
 from provision.core.errors import HostToolsMissing, InvalidValue
+from provision.core.log import say
 from provision.hosts.linux import apir_host
 from provision.hosts.linux import tools as host_tools
 from provision.images import sources
@@ -228,7 +228,7 @@ def _on_host(target: str) -> Loopback:
 
 def make(target: str = "vulkan", log: Callable[[str], None] | None = None, *, build: bool = True,
          on_host: bool = False) -> Loopback:
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or say("apir")  # stderr: stdout is for --json
     lb = _on_host(target) if on_host else _in_chroot(target)
     if build or not (lb.host_work / "bin" / "test-backend-ops").exists():
         log(f"apir loopback: building ({'host' if on_host else 'host-tools chroot'}, target {target})")
