@@ -79,7 +79,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("guest_debug", "PROVISION_GUEST_DEBUG", "0", _one_of("0", "1"), "1: the guest kernel's console on stderr"),
     Spec("stall_s", "PROVISION_STALL_S", "20", _seconds, "a model pull retries after this long without a byte"),
     Spec("podman_isolation", "PROVISION_PODMAN_ISOLATION", None, _one_of("chroot", "oci", "rootless"),
-         "podman build --isolation", "decided from the host (chroot in a container)"),
+         "podman build --isolation", "decided from the host: chroot inside a container"),
 )
 BY_KEY = {s.key: s for s in SPECS}
 

@@ -6,24 +6,17 @@ worker exactly as on Ctrl-C.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
 from pathlib import Path
 from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
+from provision.hosts.linux.shell import terminate
 from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
 
 # A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
 SERVE_LIMIT_S = 30 * 24 * 3600.0
-
-
-def _terminate(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
 
 
 class LinuxGuest:
@@ -76,7 +69,7 @@ class LinuxGuest:
         with self._lock:
             self.qemu_pid, self.run_dir, self._booted = pid, run_dir, time.monotonic()
             if self._stopping:
-                _terminate(pid)
+                terminate(pid)
 
     def running(self) -> bool:
         return self._thread.is_alive()
@@ -89,7 +82,7 @@ class LinuxGuest:
             self._stopping = True
             pid = self.qemu_pid
         if pid is not None and self._thread.is_alive():
-            _terminate(pid)
+            terminate(pid)
         # QEMU goes within seconds; the worker then stops Xvfb (<= 5 s) and frees the slot.
         self._thread.join(timeout=60)
 

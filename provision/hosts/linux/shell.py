@@ -31,8 +31,8 @@ ESCAPE = b"\x1d"  # Ctrl-]
 GUEST_TTY = "/dev/ttyS1"
 
 
-def _terminate(pid: int) -> None:
-    """SIGTERM QEMU: the run's own cleanup then ends as on Ctrl-C."""
+def terminate(pid: int) -> None:
+    """SIGTERM QEMU (shell, serve): the run's own cleanup then ends as on Ctrl-C."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGTERM)
 
@@ -128,7 +128,7 @@ def run_shell(
     def started(pid: int, run_dir: Path) -> None:
         qemu_pid.append(pid)
         if relay.escaped.is_set():
-            _terminate(pid)
+            terminate(pid)
 
     backend = LinuxBackend(terminal=os.ttyname(slave), log=say, on_start=started)
     size = shutil.get_terminal_size((80, 24))
@@ -159,5 +159,5 @@ def _stop_on_escape(relay: Relay, qemu_pid: list[int]) -> None:
     while not relay.done.is_set():
         if relay.escaped.wait(0.5):
             if qemu_pid:
-                _terminate(qemu_pid[0])
+                terminate(qemu_pid[0])
             return
