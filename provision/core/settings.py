@@ -13,6 +13,7 @@ Pure apart from reading the two files it is given; nothing here writes.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -27,13 +28,25 @@ USER_FILE_ENV = "PROVISION_CONFIG"  # the user's file instead of <XDG config dir
 APP = "krun-gpu"
 
 
+XDG = {"cache": ("XDG_CACHE_HOME", ".cache"), "state": ("XDG_STATE_HOME", ".local/state"),
+       "config": ("XDG_CONFIG_HOME", ".config")}  # fmt: skip
+
+
+def user_dir(kind: str, env: Mapping[str, str] | None = None) -> str:
+    """The user's cache/state/config directory for krun-gpu: the XDG base directories off macOS
+    (what platformdirs answers there, without its import on every command), platformdirs on macOS."""
+    env = os.environ if env is None else env
+    if sys.platform != "darwin":
+        var, fallback = XDG[kind]
+        base = env.get(var, "").strip()
+        return str(Path(base if base else Path.home() / fallback) / APP)
+    import platformdirs
+
+    return str(getattr(platformdirs, f"user_{kind}_dir")(APP))
+
+
 def _platformdir(kind: str) -> Callable[[], str]:
-    def default() -> str:
-        import platformdirs  # only when the default is asked for
-
-        return str(getattr(platformdirs, f"user_{kind}_dir")(APP))
-
-    return default
+    return lambda: user_dir(kind)
 
 
 def _positive_int(raw: str) -> str | None:
@@ -181,9 +194,7 @@ def parse_flags(pairs: Sequence[str]) -> dict[str, str]:
 def user_file(env: Mapping[str, str]) -> Path:
     if env.get(USER_FILE_ENV):
         return Path(env[USER_FILE_ENV]).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir(APP)) / "config.toml"
+    return Path(user_dir("config", env)) / "config.toml"
 
 
 def load(env: Mapping[str, str] | None = None, flags: Sequence[str] = (),

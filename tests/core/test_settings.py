@@ -106,3 +106,14 @@ def test_doctor_lists_every_setting_with_its_source(files, capsys, monkeypatch):
     cli.main(["doctor"])
     text = capsys.readouterr().out
     assert "SETTING" in text and "environment PROVISION_ACCEL" in text
+
+
+@pytest.mark.parametrize("kind", sorted(settings.XDG))
+def test_the_default_directories_are_what_platformdirs_says(kind, monkeypatch, tmp_path):
+    import platformdirs
+
+    want = getattr(platformdirs, f"user_{kind}_dir")
+    monkeypatch.delenv(settings.XDG[kind][0], raising=False)
+    assert settings.user_dir(kind) == want(settings.APP)
+    monkeypatch.setenv(settings.XDG[kind][0], str(tmp_path))
+    assert settings.user_dir(kind) == want(settings.APP) == str(tmp_path / settings.APP)
