@@ -156,7 +156,7 @@ CASES: tuple[Case, ...] = (
     c("pull-catalog-hf-endpoint-bad", "E003", "model", "pull", "qwen2.5-0.5b-instruct-q4_k_m",
       env={"HF_ENDPOINT": "ftp://127.0.0.1"}),
     c("pull-name-dotdot", "E014", "model", "pull", "https://127.0.0.1/x.gguf", "--name", "../evil"),
-    c("pull-name-slash", "E014", "model", "pull", "a/b"),
+    c("pull-name-slash", "E014", "model", "pull", "a/b/c"),
     c("pull-name-hidden", "E014", "model", "pull", "https://127.0.0.1/x.gguf", "--name", ".hidden"),
     c("pull-name-newline", "E014", "model", "pull", "https://127.0.0.1/x.gguf", "--name", "a\nb"),
     c("pull-name-too-long", "E014", "model", "pull", "https://127.0.0.1/x.gguf", "--name", "a" * 200),
