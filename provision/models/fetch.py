@@ -68,6 +68,8 @@ def plan(
             f"--sha256 with {target}: the registry's digest (or the hub's listing) is the pin of this reference",
             fix=f"drop --sha256 (or pull the file's URL with --sha256): provision model pull {target}",
         )
+    if name is not None:
+        _free_name(name, store.pins)  # before any request: a bad --name costs no network
     if authfile is not None and not isinstance(parsed, RegistryRef):
         raise InvalidValue(f"--authfile with {target}: only registries (ollama, oci, docker) take it",
                            fix="drop --authfile")  # fmt: skip

@@ -392,4 +392,4 @@ def ensure(name: str, *, out: TextIO | None = None) -> Path:
         raise ModelHashMismatch(
             f"{name}: stored blob {result.path}: {result.detail}", fix=f"provision model rm {name} and pull it again"
         )
-    return result.path
+    return store.path(name)  # a split model: part 1 beside its siblings
