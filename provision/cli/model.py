@@ -123,6 +123,10 @@ def _pin_note(status: str | None, synth: str | None) -> str:
         return "hash READ from public listings; bytes never downloaded by this project"
     if status is None:
         return "not pinned: hash recorded at first pull"
+    if status == "DIGEST":
+        return "hash is the registry's digest (checked on pull)"
+    if status == "LISTED":
+        return "hash from the hub's file listing (checked on pull)"
     return f"hash {status}"
 
 
@@ -185,9 +189,9 @@ def run_list(args: argparse.Namespace) -> int:
             "catalog": False,
             "default": False,
             "smoke_default": False,
-            "stored": store.blob_path(ref.sha256).exists(),
+            "stored": all(store.blob_path(sha).exists() for sha, _ in ref.blobs()),
             "sha256": ref.sha256,
-            "size": ref.size,
+            "size": sum(size for _, size in ref.blobs()),
             "source": ref.source,
             "pin_status": ref.pin_status,
             "note": _pin_note(ref.pin_status if ref.pinned else None, None),

@@ -94,6 +94,9 @@ def test_a_split_gguf_is_every_part_verified_and_one_model_pointed_at_part_1(cac
     info = json.loads(capsys.readouterr().out)
     assert (info["parts"], info["tensor_count"], info["quantization"]) == (3, 5, "Q8_0")
     assert info["size"] == sum(len(b) for b in parts.values())
+    assert cli.main(["model", "list", "--json"]) == 0
+    row = next(r for r in json.loads(capsys.readouterr().out)["models"] if r["name"] == "split-Q8_0")
+    assert row["stored"] and row["size"] == info["size"] and "file listing" in row["note"]
     assert cli.main(["model", "verify", "split-Q8_0"]) == 0
     assert cli.main(["model", "rm", "split-Q8_0"]) == 0
     assert not any((cache / "blobs").iterdir()) and not (cache / "split" / "split-Q8_0").exists()
