@@ -1,27 +1,49 @@
-"""The one HTTP client of provision (stdlib http.client): GET with headers, redirects, timeouts.
+"""The one HTTP client of provision (`requests`): GET with headers, checked redirects, timeouts.
 
-Why http.client and not urllib.request: the model store needs short reads (``read1``) so
-whatever arrived is written at once (a killed pull keeps it), separate connect and read
-timeouts, and the status of every response (206 vs 200 decides resume vs restart) without
-urllib raising on 4xx/5xx. Retries and resume are the caller's business: this adapter makes
-one request (plus redirects) and hands back the response.
+The model store needs short reads (``read1``: whatever arrived is written at once, so a killed
+pull keeps it), separate connect and read timeouts, and the status of every response (206 vs
+200 decides resume vs restart) without an exception for 4xx/5xx. Redirects are followed here,
+one hop at a time, so that every target passes the caller's URL policy and credentials never
+travel to another origin. Retries and resume are the caller's business: this adapter makes one
+request (plus redirects) and hands back the response. Errors come out as the standard library's
+kinds (TimeoutError, ConnectionError/OSError, http.client.HTTPException) so callers need not
+know which client library is underneath.
 """
 
 from __future__ import annotations
 
 import http.client
-import ssl
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urljoin, urlsplit
+
+import requests
+import urllib3.exceptions
 
 USER_AGENT = "krun-gpu-provision/0.1"
 _REDIRECTS = (301, 302, 303, 307, 308)
+SMALL_LIMIT = 8 << 20  # manifests, token answers and file listings are far smaller
+_SECRET_HEADERS = ("authorization", "cookie")
 
 
 class HttpError(Exception):
     """A request could not be made or answered (not a status: those come back in Response)."""
+
+
+def _translate(exc: BaseException) -> BaseException:
+    """A requests/urllib3 exception as the standard library's kind (the callers' contract)."""
+    if isinstance(exc, requests.exceptions.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
+        return TimeoutError(str(exc) or "timed out")
+    if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.InvalidHeader | ValueError):
+        return HttpError(str(exc))
+    # Refused, reset, a garbled status line, a hang-up before the answer: the connection failed.
+    return ConnectionError(str(exc) or type(exc).__name__)
+
+
+def _clean_close(exc: BaseException) -> bool:
+    incomplete = (urllib3.exceptions.IncompleteRead, http.client.IncompleteRead)
+    return isinstance(exc, incomplete) or any(isinstance(a, incomplete) for a in exc.args)
 
 
 @dataclass
@@ -29,9 +51,9 @@ class Response:
     url: str  # after redirects
     status: int
     reason: str
-    headers: http.client.HTTPMessage
-    raw: http.client.HTTPResponse
-    conn: http.client.HTTPConnection
+    headers: Mapping[str, str]
+    raw: Any  # urllib3's HTTPResponse, read unbuffered with read1
+    inner: requests.Response
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
@@ -43,11 +65,29 @@ class Response:
 
     def read1(self, n: int) -> bytes:
         """At most ``n`` bytes, from at most one socket read; b"" at the end (even a premature one)."""
-        return self.raw.read1(n)
+        try:
+            data: bytes = self.raw.read1(n)
+        except (urllib3.exceptions.ReadTimeoutError, TimeoutError) as exc:
+            raise TimeoutError(str(exc)) from None
+        except urllib3.exceptions.HTTPError as exc:
+            if _clean_close(exc):
+                return b""  # closed before Content-Length: the caller counts the bytes and says so
+            raise ConnectionError(str(exc) or type(exc).__name__) from None
+        return data
+
+    def read_all(self, limit: int = SMALL_LIMIT) -> bytes:
+        """The whole body (a small one: more than ``limit`` bytes is an HttpError)."""
+        parts: list[bytes] = []
+        got = 0
+        while chunk := self.read1(1 << 16):
+            got += len(chunk)
+            if got > limit:
+                raise HttpError(f"{self.url}: the answer is larger than {limit} bytes")
+            parts.append(chunk)
+        return b"".join(parts)
 
     def close(self) -> None:
-        self.raw.close()
-        self.conn.close()
+        self.inner.close()
 
     def __enter__(self) -> Response:
         return self
@@ -56,29 +96,9 @@ class Response:
         self.close()
 
 
-def _connection(url: str, connect_timeout: float) -> tuple[http.client.HTTPConnection, str]:
+def _origin(url: str) -> tuple[str, str | None, int | None]:
     parts = urlsplit(url)
-    host = parts.hostname or ""
-    path = parts.path or "/"
-    if parts.query:
-        path += "?" + parts.query
-    conn: http.client.HTTPConnection
-    if parts.scheme == "https":
-        port = parts.port or 443
-        proxy = urllib.request.getproxies().get("https")
-        if proxy and not urllib.request.proxy_bypass(host):
-            p = urlsplit(proxy if "://" in proxy else "http://" + proxy)
-            conn = http.client.HTTPSConnection(
-                p.hostname or "", p.port or 3128, timeout=connect_timeout, context=ssl.create_default_context()
-            )
-            conn.set_tunnel(host, port)
-        else:
-            conn = http.client.HTTPSConnection(
-                host, port, timeout=connect_timeout, context=ssl.create_default_context()
-            )
-    else:
-        conn = http.client.HTTPConnection(host, parts.port or 80, timeout=connect_timeout)
-    return conn, path
+    return parts.scheme, parts.hostname, parts.port
 
 
 def get(
@@ -89,41 +109,38 @@ def get(
     read_timeout: float = 60.0,
     max_redirects: int = 10,
     allow: Callable[[str], str | None] = lambda _url: None,
+    session: requests.Session | None = None,
 ) -> Response:
     """GET ``url`` following redirects; ``allow(url)`` returns a refusal reason for a redirect target.
 
-    Raises OSError (connection refused/reset, timeouts), http.client.HTTPException (garbled
-    responses) and HttpError (too many redirects, a refused redirect target).
+    Raises OSError (connection refused/reset: ConnectionError; timeouts: TimeoutError),
+    http.client.HTTPException (garbled responses) and HttpError (too many redirects, a refused
+    redirect target, a URL no request can be made to). Authorization and Cookie headers are
+    dropped on a redirect to another origin (registries send blobs to a CDN).
     """
+    sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
+    http_session = session or requests.Session()
     for _ in range(max_redirects + 1):
         try:
-            conn, path = _connection(url, connect_timeout)
-        except ValueError as exc:  # a port out of range, a malformed host: no request can be made
-            raise HttpError(f"{url}: {exc}") from None
-        try:
-            conn.connect()
-            if conn.sock is not None:
-                # The connect timeout is spent; from here on each read waits at most read_timeout.
-                conn.sock.settimeout(read_timeout)
-            conn.request(
-                "GET", path, headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
+            inner = http_session.get(
+                url, headers=sent, stream=True, allow_redirects=False, timeout=(connect_timeout, read_timeout)
             )
-            raw = conn.getresponse()
-        except BaseException:
-            conn.close()
-            raise
-        if raw.status in _REDIRECTS and raw.getheader("Location"):
-            location = raw.getheader("Location", "")
-            raw.close()
-            conn.close()
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
+            raise _translate(exc) from None
+        if inner.status_code in _REDIRECTS and inner.headers.get("Location"):
+            location = inner.headers["Location"]
+            inner.close()
             try:
                 target = urljoin(url, location)
+                _origin(target)  # a malformed port or host raises here
             except ValueError as exc:  # e.g. an unclosed IPv6 bracket
                 raise HttpError(f"{url} redirects to {location!r}, which is malformed: {exc}") from None
             why = allow(target)
             if why:
                 raise HttpError(f"{url} redirects to {target}, which is refused: {why}")
+            if _origin(target) != _origin(url):
+                sent = {k: v for k, v in sent.items() if k.lower() not in _SECRET_HEADERS}
             url = target
             continue
-        return Response(url, raw.status, raw.reason, raw.headers, raw, conn)
+        return Response(url, inner.status_code, inner.reason or "", inner.headers, inner.raw, inner)
     raise HttpError(f"more than {max_redirects} redirects starting at {url}")

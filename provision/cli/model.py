@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from provision.cli.output import command, table
 from provision.core.errors import ModelHashMismatch
@@ -11,7 +13,7 @@ from provision.core.result import Result
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
 COMMANDS = {
-    "model": "the model store: pull, list, verify, rm, path, synth",
+    "model": "the model store: pull, list, inspect, verify, rm, path, synth",
 }
 
 
@@ -26,7 +28,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX",
         json=True,
     )
-    pull.add_argument("ref", metavar="NAME|URL|hf://OWNER/REPO/FILE[@REV]")
+    pull.add_argument(
+        "ref",
+        metavar="REF",
+        help="a catalog or short name, a URL, hf://OWNER/REPO/FILE[@REV], hf.co/ORG/REPO[:QUANT], ORG/REPO[:QUANT], "
+        "ollama://NAME[:TAG], NAME:TAG, oci://REGISTRY/REPO:TAG or docker://[REGISTRY/]REPO:TAG",
+    )
     pull.add_argument("--sha256", metavar="HEX", help="expected sha256 (catalog models carry their own)")
     pull.add_argument("--name", help="store it under this name (default: catalog name or file name)")
     pull.add_argument(
@@ -35,9 +42,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="retry when no byte arrived for S seconds (default 20, or $PROVISION_STALL_S)",
     )
+    pull.add_argument("--yes", "-y", action="store_true", help="do not ask before a big pull ($PROVISION_ASK_ABOVE)")
+    pull.add_argument("--authfile", metavar="FILE", help="registry credentials, podman's auth.json format")
     pull.set_defaults(func=run_pull)
 
+    ins = command(msub, "inspect", "GGUF metadata of a stored model", "provision model inspect tiny-llama --json",
+                  json=True)
+    ins.add_argument("name")
+    ins.set_defaults(func=run_inspect)
+
     lst = command(msub, "list", "catalog models and what the store holds", "provision model list --json", json=True)
+    lst.add_argument("--shortnames", action="store_true", help="the short names (ours and your file's) instead")
     lst.set_defaults(func=run_list)
 
     ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama",
@@ -67,13 +82,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     syn.set_defaults(func=run_synth)
 
 
+def _ask(size: int) -> bool:
+    from provision.models.fetch import human
+
+    print(f"pull {human(size)}? [y/N] ", end="", file=sys.stderr, flush=True)
+    return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+
 def run_pull(args: argparse.Namespace) -> Result:
+    from pathlib import Path
+
+    from provision.models import fetch
     from provision.models import store as models
     from provision.models.download import check_stall
 
     stall = check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
-    result = store.pull(store.resolve(args.ref, sha256=args.sha256, name=args.name), stall_s=stall)
+    authfile = Path(args.authfile) if args.authfile is not None else None
+    todo = fetch.plan(store, args.ref, sha256=args.sha256, name=args.name, authfile=authfile, stall_s=stall)
+    interactive = not args.yes and sys.stdin.isatty() and sys.stderr.isatty()
+    result = fetch.pull(store, todo, stall_s=stall, ask=_ask if interactive else None)
     report = {
         **result.ref.as_dict(),
         "path": str(result.path),
@@ -92,11 +120,40 @@ def _pin_note(status: str | None, synth: str | None) -> str:
         return "hash READ from public listings; bytes never downloaded by this project"
     if status is None:
         return "not pinned: hash recorded at first pull"
+    if status == "DIGEST":
+        return "hash is the registry's digest (checked on pull)"
+    if status == "LISTED":
+        return "hash from the hub's file listing (checked on pull)"
     return f"hash {status}"
+
+
+def run_inspect(args: argparse.Namespace) -> Result:
+    from provision.models import inspect
+    from provision.models import store as models
+
+    info = inspect.inspect(models.Store(), args.name)
+    keys = ("name", "architecture", "parameters", "quantization", "context_length", "tensor_count", "size",
+            "parts", "sha256", "source", "path")  # fmt: skip
+    lines = [f"{key:15} {info[key]}" for key in keys]
+    lines += [f"{role:15} {value if isinstance(value, str) else json.dumps(value, sort_keys=True)}"
+              for role, value in info.get("extras", {}).items()]  # fmt: skip
+    return Result(info, "\n".join(lines))
+
+
+def _list_shortnames() -> Result:
+    from provision.models import shortnames
+
+    rows = [{"name": s.name, "reference": s.reference, "from": str(s.origin)} for s in shortnames.table().values()]
+    text = table(["NAME", "REFERENCE", "FROM"], [(r["name"], r["reference"], r["from"]) for r in rows])
+    text += f"\n\nyour file (overrides these): {shortnames.user_file()}"
+    return Result({"user_file": str(shortnames.user_file()), "shortnames": rows}, text)
 
 
 def run_list(args: argparse.Namespace) -> Result:
     from provision.models import store as models
+
+    if args.shortnames:
+        return _list_shortnames()
 
     store = models.Store()
     rows: list[dict[str, object]] = []
@@ -123,9 +180,9 @@ def run_list(args: argparse.Namespace) -> Result:
             "catalog": False,
             "default": False,
             "smoke_default": False,
-            "stored": store.blob_path(ref.sha256).exists(),
+            "stored": all(store.blob_path(sha).exists() for sha, _ in ref.blobs()),
             "sha256": ref.sha256,
-            "size": ref.size,
+            "size": sum(size for _, size in ref.blobs()),
             "source": ref.source,
             "pin_status": ref.pin_status,
             "note": _pin_note(ref.pin_status if ref.pinned else None, None),

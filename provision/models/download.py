@@ -246,7 +246,7 @@ class Downloader:
     @staticmethod
     def _request(spec: ModelSpec, offset: int, meta: dict[str, Any], stall: float) -> web.Response:
         assert spec.url is not None
-        headers = {}
+        headers = dict(spec.headers)
         if offset:
             headers["Range"] = f"bytes={offset}-"
             if meta.get("validator"):

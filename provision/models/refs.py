@@ -38,6 +38,8 @@ class ModelSpec:
     size: int | None
     pin_status: str | None = None
     synth: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # e.g. a registry's bearer token (never stored)
+    file: str | None = None  # a split GGUF part: the file name llama.cpp looks for beside part 1
 
     @property
     def pinned(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from provision.core.errors import (
     ModelHashMismatch,
     UnknownModel,
 )
-from provision.models import synth
+from provision.models import splits, synth
 from provision.models.download import Downloader, check_stall, stall_seconds
 from provision.models.files import fsync_dir as _fsync_dir
 from provision.models.files import has_magic as _has_magic
@@ -147,17 +148,18 @@ class Store:
     def refs(self) -> list[Ref]:
         return self.scan()[0]
 
-    def _write_ref(self, spec: ModelSpec, sha256: str, size: int) -> Ref:
-        ref = Ref(spec.name, sha256, size, spec.source, spec.pinned, spec.pin_status)
+    def _write_ref(self, spec: ModelSpec, sha256: str, size: int, **more: Any) -> Ref:
+        ref = Ref(spec.name, sha256, size, spec.source, spec.pinned, spec.pin_status, **more)
         _write_json_atomic(self._ref_path(spec.name), ref.as_dict())
         return ref
 
     def path(self, name: str) -> Path:
+        """The file llama.cpp is given: the blob, or for a split model part 1 beside its siblings."""
         ref = self.ref(name)
-        if ref is None or not self.blob_path(ref.sha256).exists():
+        if ref is None or not all(self.blob_path(sha).exists() for sha, _ in ref.blobs()):
             hint = "synth" if (pin := self.pins.models.get(name)) and pin.synth else "pull"
             raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model {hint} {name}")
-        return self.blob_path(ref.sha256)
+        return splits.link_parts(self.root, ref) if ref.parts else self.blob_path(ref.sha256)
 
     # --- pull ---------------------------------------------------------------------------------
 
@@ -199,19 +201,32 @@ class Store:
         if spec.synth:
             catalog_name = next(n for n, p in self.pins.models.items() if p.synth == spec.synth)
             return self.synth(catalog_name, as_name=spec.name)
-        assert spec.url is not None
         stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
+        sha256, size, fetched, reused = self.fetch_blob(spec, stall, write_ref=True)
+        ref = self.ref(spec.name)
+        assert ref is not None
+        return PullResult(ref, self.blob_path(sha256), fetched, reused)
+
+    def fetch_blob(self, spec: ModelSpec, stall: float, *, write_ref: bool) -> tuple[str, int, int, bool]:
+        """One verified blob for ``spec`` (reused when sound): sha256, size, bytes fetched, reused."""
+        assert spec.url is not None
         if not spec.pinned:
             self._say(f"{spec.name}: no sha256 pinned for {spec.source}; the store will record the hash it computes")
         key = spec.sha256 or hashlib.sha256(spec.url.encode()).hexdigest()
         with self._locked(key, spec.name):
-            reused = self._reusable(spec)  # re-verified; another process may have finished it while we waited
+            # re-verified; another process may have finished it while we waited
+            if spec.sha256 and self.blob_path(spec.sha256).exists() and not write_ref:
+                if self._blob_sound(spec.sha256, spec.size):
+                    return spec.sha256, self.blob_path(spec.sha256).stat().st_size, 0, True
+                self._say(f"{spec.name}: the stored blob sha256-{spec.sha256} is damaged; fetching it again")
+                self._drop_blob(spec.sha256)
+            reused = self._reusable(spec) if write_ref else None
             if reused:
-                return PullResult(reused, self.blob_path(reused.sha256), 0, True)
+                return reused.sha256, reused.size, 0, True
             sha256, size, fetched = Downloader(self).download(spec, key, stall)
-            ref = self._write_ref(spec, sha256, size)
-            return PullResult(ref, self.blob_path(sha256), fetched, False)
-
+            if write_ref:
+                self._write_ref(spec, sha256, size)
+            return sha256, size, fetched, False
     def _install_blob(self, tmp: Path, sha256: str) -> Path:
         # Replace rather than keep an existing blob: these bytes were just verified, and a blob of
         # the right name but the wrong size (damaged by hand) is why _reusable() sent us here.
@@ -300,17 +315,20 @@ class Store:
             return VerifyResult(name, self._ref_path(name), False, exc.message)
         if ref is None:
             raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model pull {name}")
-        blob = self.blob_path(ref.sha256)
-        if not blob.exists():
-            return VerifyResult(name, blob, False, "blob missing")
-        hasher, size = _hash_file(blob)
-        if size != ref.size:
-            return VerifyResult(name, blob, False, f"{size} bytes, expected {ref.size}")
-        if hasher.hexdigest() != ref.sha256:
-            return VerifyResult(name, blob, False, f"sha256 {hasher.hexdigest()}, expected {ref.sha256}")
-        if not _has_magic(blob):
-            return VerifyResult(name, blob, False, "no GGUF magic")
-        return VerifyResult(name, blob, True, f"sha256 {ref.sha256} ({size} bytes)")
+        for sha256, want in ref.blobs() + ref.extra_blobs():
+            blob = self.blob_path(sha256)
+            if not blob.exists():
+                return VerifyResult(name, blob, False, "blob missing")
+            hasher, size = _hash_file(blob)
+            if size != want:
+                return VerifyResult(name, blob, False, f"{size} bytes, expected {want}")
+            if hasher.hexdigest() != sha256:
+                return VerifyResult(name, blob, False, f"sha256 {hasher.hexdigest()}, expected {sha256}")
+            if (sha256, want) in ref.blobs() and not _has_magic(blob):
+                return VerifyResult(name, blob, False, "no GGUF magic")
+        parts = f", {len(ref.parts)} parts" if ref.parts else ""
+        detail = f"sha256 {ref.sha256} ({sum(s for _, s in ref.blobs())} bytes{parts})"
+        return VerifyResult(name, self.blob_path(ref.sha256), True, detail)
 
     def remove(self, name: str) -> Ref | DamagedRef:
         path = self._ref_path(name)
@@ -329,8 +347,12 @@ class Store:
             raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix="provision model list")
         with self._locked(ref.sha256, name):
             path.unlink()
-            if not any(other.sha256 == ref.sha256 for other in self.refs()):
-                self._drop_blob(ref.sha256)
+            used = {sha for other in self.refs() for sha, _ in other.blobs() + other.extra_blobs()}
+            for sha256, _size in ref.blobs() + ref.extra_blobs():
+                if sha256 not in used:
+                    self._drop_blob(sha256)
+            if ref.parts:
+                shutil.rmtree(self.root / "split" / name, ignore_errors=True)
         return ref
 
     def _drop_blob(self, sha256: str) -> None:
@@ -370,4 +392,4 @@ def ensure(name: str, *, out: TextIO | None = None) -> Path:
         raise ModelHashMismatch(
             f"{name}: stored blob {result.path}: {result.detail}", fix=f"provision model rm {name} and pull it again"
         )
-    return result.path
+    return store.path(name)  # a split model: part 1 beside its siblings

@@ -31,7 +31,7 @@ def test_argument_errors_are_e003_with_a_fix_and_json_when_asked(capsys):
         "status": "error",
         "data": None,
         "error": errors.InvalidValue(
-            "provision model pull: the following arguments are required: NAME|URL|hf://OWNER/REPO/FILE[@REV]",
+            "provision model pull: the following arguments are required: REF",
             fix="see `provision model pull --help` for what it takes",
         ).as_dict(),
     }

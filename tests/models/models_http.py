@@ -12,11 +12,19 @@ Range with a 206 whose Content-Range starts at 0, close after K bytes), wrong_ra
 Content-Range is not the asked one), silent (accept, read the request, never answer until
 released), drip:D (the whole file in 4 KiB pieces, D seconds apart), garbage (a line that is
 no HTTP status line), hangup (close without a word), status:N (e.g. 500s).
+
+Registries (tests/models/registries.py): ``path_plans`` script one path's requests (a blob's)
+ahead of ``plans``; with ``token`` set every /v2/ path wants ``Authorization: Bearer TOKEN`` and
+answers 401 with a Bearer challenge naming ``/token`` (which wants ``users`` Basic credentials
+when some are set); ``types`` gives a path's Content-Type; a path is looked up with its query
+string first, then without.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import socket
 import struct
 import threading
@@ -43,6 +51,7 @@ class Record:
     path: str
     range: str | None
     if_range: str | None
+    authorization: str | None = None
     status: int = 0
     sent: int = 0
 
@@ -58,6 +67,10 @@ class ModelServer:
     paused: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     httpd: Any = None
+    path_plans: dict[str, list[str]] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+    token: str | None = None
+    users: dict[str, str] = field(default_factory=dict)
 
     @property
     def base(self) -> str:
@@ -73,9 +86,14 @@ class ModelServer:
     def body_requests(self) -> list[Record]:
         return [r for r in self.requests if r.sent > 0]
 
-    def next_plan(self) -> str:
+    def next_plan(self, path: str = "") -> str:
         with self.lock:
+            if self.path_plans.get(path):
+                return self.path_plans[path].pop(0)
             return self.plans.pop(0) if self.plans else "normal"
+
+    def lookup(self, path: str) -> bytes | None:
+        return self.files.get(path, self.files.get(path.split("?", 1)[0]))
 
 
 def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
@@ -86,10 +104,13 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             pass
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            rec = Record(self.path, self.headers.get("Range"), self.headers.get("If-Range"))
+            auth = self.headers.get("Authorization")
+            rec = Record(self.path, self.headers.get("Range"), self.headers.get("If-Range"), auth)
             with server.lock:
                 server.requests.append(rec)
-            plan = server.next_plan()
+            if self._refused_auth(rec, auth):
+                return None
+            plan = server.next_plan(self.path.split("?", 1)[0])
             kind, _, arg = plan.partition(":")
             if kind == "status":
                 return self._small(rec, int(arg))
@@ -113,7 +134,7 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return None
-            body = server.files.get(self.path)
+            body = server.lookup(self.path)
             if body is None:
                 return self._small(rec, 404)
             if kind == "huge_length":
@@ -147,6 +168,7 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 rec.status = 200
                 self.send_response(200)
             self.send_header("Content-Length", str(len(body) - start))
+            self.send_header("Content-Type", server.types.get(self.path.split("?", 1)[0], "application/octet-stream"))
             self.send_header("ETag", server.etag)
             self.send_header("Accept-Ranges", "bytes")
             self.end_headers()
@@ -184,6 +206,38 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
             return None
+
+        def _refused_auth(self, rec: Record, auth: str | None) -> bool:
+            """The registry's bearer-token flow (only with ``server.token`` set)."""
+            if server.token is None:
+                return False
+            path = self.path.split("?", 1)[0]
+            if path == "/token":
+                want = {"Basic " + base64.b64encode(f"{u}:{p}".encode()).decode() for u, p in server.users.items()}
+                if want and auth not in want:
+                    self._small(rec, 401)
+                    return True
+                body = json.dumps({"token": server.token}).encode()
+                rec.status = 200
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return True
+            if path.startswith("/v2/") and auth != f"Bearer {server.token}":
+                host, port = self.server.server_address[:2]
+                repo = path[4:].rsplit("/", 2)[0]
+                challenge = f'Bearer realm="http://{host}:{port}/token",service="test",scope="repository:{repo}:pull"'
+                text = b'{"errors": [{"code": "UNAUTHORIZED"}]}'
+                rec.status = 401
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", challenge)
+                self.send_header("Content-Length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
+                return True
+            return False
 
         def _small(self, rec: Record, status: int) -> None:
             text = f"status {status}\n".encode()

@@ -302,7 +302,7 @@ def test_no_space_for_content_length_is_e013_before_any_byte(cache, server, caps
     "argv",
     [
         ["model", "pull", "../evil"],
-        ["model", "pull", "a/b"],
+        ["model", "pull", "a/b/c"],
         ["model", "path", ".."],
         ["model", "rm", "x/../../etc"],
         ["model", "verify", "..hidden"],
