@@ -18,10 +18,10 @@ MAX_LINES = 400
 FORBIDDEN = {
     "provision.core": ("provision.adapters", "provision.hosts", "provision.cli", "provision.models",
                        "provision.images", "provision.apir", "provision.doctor", "provision.bench",
-                       "provision.api", "provision.serve"),
+                       "provision.api", "provision.serve", "provision.routes", "provision.chat"),
     "provision.adapters": ("provision.hosts", "provision.cli", "provision.models", "provision.images",
                            "provision.apir", "provision.doctor", "provision.bench", "provision.api",
-                           "provision.serve"),
+                           "provision.serve", "provision.routes", "provision.chat"),
     "provision.hosts.linux": ("provision.hosts.darwin", "provision.cli"),
     "provision.hosts.darwin": ("provision.hosts.linux", "provision.cli"),
     "provision.models": ("provision.hosts", "provision.cli", "provision.images", "provision.apir"),
@@ -29,6 +29,10 @@ FORBIDDEN = {
     "provision.apir": ("provision.cli",),
     "provision.doctor": ("provision.cli",),
     "provision.bench": ("provision.cli", "provision.hosts", "provision.adapters"),
+    "provision.routes": ("provision.cli", "provision.serve", "provision.chat", "provision.doctor"),
+    # the choice itself is pure: facts in, decision out (the probes live in routes.probe)
+    "provision.routes.choose": ("provision.adapters", "provision.hosts", "provision.apir", "provision.routes.probe"),
+    "provision.chat": ("provision.cli", "provision.hosts", "provision.serve", "provision.routes"),
 }
 
 

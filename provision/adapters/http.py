@@ -127,3 +127,32 @@ def get(
             continue
         return Response(url, raw.status, raw.reason, raw.headers, raw, conn)
     raise HttpError(f"more than {max_redirects} redirects starting at {url}")
+
+
+def post(
+    url: str,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | None = None,
+    connect_timeout: float = 15.0,
+    read_timeout: float = 60.0,
+) -> Response:
+    """POST ``body`` to ``url`` (no redirects: a POST is not replayed elsewhere); the response streams.
+
+    Raises what ``get`` raises; the caller reads the body (``read1``, or line by line from ``raw``).
+    """
+    try:
+        conn, path = _connection(url, connect_timeout)
+    except ValueError as exc:
+        raise HttpError(f"{url}: {exc}") from None
+    try:
+        conn.connect()
+        if conn.sock is not None:
+            conn.sock.settimeout(read_timeout)
+        conn.request("POST", path, body=body, headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity",
+                                                       "Content-Length": str(len(body)), **(headers or {})})
+        raw = conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
+    return Response(url, raw.status, raw.reason, raw.headers, raw, conn)

@@ -20,16 +20,18 @@ from provision.core import catalog, pins
 from provision.core.diagnostics import Check, DoctorContext, failed
 from provision.hosts.darwin.doctor import darwin_checks
 from provision.hosts.darwin.doctor_isolation import isolation_checks as darwin_isolation
+from provision.hosts.darwin.traps import trap_checks as darwin_traps
 from provision.hosts.linux.doctor import linux_checks
 from provision.hosts.linux.doctor_isolation import isolation_checks as linux_isolation
+from provision.routes.doctor import route_checks
 
 Provider = Callable[[DoctorContext], list[Check]]
 
 # "*" providers run on every platform, after the platform's own.
 CHECK_PROVIDERS: dict[str, list[Provider]] = {
-    "darwin": [darwin_checks, darwin_isolation],
+    "darwin": [darwin_checks, darwin_traps, darwin_isolation],
     "linux": [linux_checks, apir_host.doctor_checks, linux_isolation],
-    "*": [apir.doctor_checks],
+    "*": [apir.doctor_checks, route_checks],
 }
 
 
