@@ -53,7 +53,15 @@ def run(args: argparse.Namespace) -> int:
         def note(text: str) -> None:
             print(text, file=sys.stderr, flush=True)
 
-        chat_session.repl(session, input, note)
+        def read(prompt: str) -> str:
+            # the prompt goes where the tokens go: with --json, stdout carries the final JSON alone
+            if not args.json:
+                return input(prompt)
+            sys.stderr.write(prompt)
+            sys.stderr.flush()
+            return input()
+
+        chat_session.repl(session, read, note)
     if args.json:
         reply = session.last_reply()
         print(json.dumps({"url": target.base, "model": client.model, "message": reply,

@@ -31,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         COMMANDS["run"],
         "provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary",
+        "provision run --gpu -- vulkaninfo --summary    # the stack for this host, and why",
     )
     _options(p)
     # One REMAINDER: `run --gpu -- CMD` has no STACK, and a plain positional would take CMD's first word.

@@ -133,3 +133,11 @@ def test_repl_in_a_pty(server: Server) -> None:
 def test_chat_names_a_serve_that_is_not_running(tmp_path: Path) -> None:
     proc = run_provision("chat", "no-such-serve", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 13 and "no serve named 'no-such-serve'" in proc.stderr
+
+
+def test_interactive_json_keeps_stdout_for_the_final_message(server: Server) -> None:
+    proc = run_provision("chat", server.url, "--json", stdin="a b\nc\n/exit\n")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)  # nothing but the JSON: prompts and tokens went to stderr
+    assert data["message"]["content"] == "[2] c" and data["turns"] == 2
+    assert "you> " in proc.stderr and "[1] b a" in proc.stderr
