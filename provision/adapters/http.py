@@ -13,7 +13,7 @@ know which client library is underneath.
 from __future__ import annotations
 
 import http.client
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -86,6 +86,17 @@ class Response:
             parts.append(chunk)
         return b"".join(parts)
 
+    def lines(self) -> Iterator[bytes]:
+        """The body line by line as it arrives (each with its b"\\n"), for streamed events."""
+        pending = b""
+        while chunk := self.read1(1 << 16):
+            pending += chunk
+            while b"\n" in pending:
+                line, pending = pending.split(b"\n", 1)
+                yield line + b"\n"
+        if pending:
+            yield pending
+
     def close(self) -> None:
         self.inner.close()
 
@@ -144,3 +155,25 @@ def get(
             continue
         return Response(url, inner.status_code, inner.reason or "", inner.headers, inner.raw, inner)
     raise HttpError(f"more than {max_redirects} redirects starting at {url}")
+
+
+def post(
+    url: str,
+    body: bytes,
+    *,
+    headers: Mapping[str, str] | None = None,
+    connect_timeout: float = 15.0,
+    read_timeout: float = 60.0,
+) -> Response:
+    """POST ``body`` to ``url`` (no redirects: a POST is not replayed elsewhere); the response streams.
+
+    Raises what ``get`` raises; the caller reads the body (``read1``, or line by line from ``raw``).
+    """
+    sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
+    try:
+        inner = requests.Session().post(
+            url, data=body, headers=sent, stream=True, allow_redirects=False, timeout=(connect_timeout, read_timeout)
+        )
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
+        raise _translate(exc) from None
+    return Response(url, inner.status_code, inner.reason or "", inner.headers, inner.raw, inner)

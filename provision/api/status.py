@@ -35,6 +35,7 @@ HTTP_STATUS: dict[str, int] = {
     e.BenchGateFailed.code: 500,
     e.RunCancelled.code: 503,
     e.PortInUse.code: 409,
+    e.ChatFailed.code: 502,
     e.KrunBundleMissing.code: 500,
     e.MemoryLimit.code: 400,
     e.VersionSkew.code: 500,

@@ -32,8 +32,8 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
 COMMAND_MODULES = [
-    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "bench", "doctor", "ggml", "apir", "api",
-    "config",
+    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "chat", "bench", "doctor", "ggml", "apir",
+    "api", "config",
 ]  # fmt: skip
 
 DESCRIPTION = """\

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from provision.cli import routing
 from provision.cli.output import command, table
 from provision.core import values
 from provision.core.errors import BenchGateFailed, InvalidValue
@@ -20,7 +21,8 @@ COMMANDS = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench",
                 json=True)
-    p.add_argument("stack")
+    p.add_argument("stack", nargs="?", help="default: the GPU stack chosen for this host (the why is printed)")
+    routing.add_stack_option(p)
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
     p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default: the cache's bench/)")
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> Result:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise InvalidValue(f"--out {args.out} is a file; it must name a directory", fix="name a directory with --out")
     host = hosts.native()  # a host that cannot bench says so (E033) in its bench()
-    stack = catalog.load().get(args.stack)
+    stack = routing.stack_for(args, gpu=True, command="bench")
     catalog.check_gpu(stack, True)
     venus = catalog.load().get(args.venus_stack) if stack.route == "apir" and not args.no_venus else None
     model = resolve_model(args.model)

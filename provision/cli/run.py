@@ -13,6 +13,7 @@ import importlib
 import os
 from pathlib import Path
 
+from provision.cli import routing
 from provision.cli.output import command
 from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
@@ -30,10 +31,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         COMMANDS["run"],
         "provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary",
+        "provision run --gpu -- vulkaninfo --summary    # the stack for this host, and why",
     )
     _options(p)
-    p.add_argument("stack")
-    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command to run in the guest")
+    # One REMAINDER: `run --gpu -- CMD` has no STACK, and a plain positional would take CMD's first word.
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="[STACK] -- CMD",
+                   help="the stack (default: chosen for this host with --gpu/--route), then -- and the command")
     p.set_defaults(func=run)
 
 
@@ -50,6 +53,7 @@ def _options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--memory", type=int, default=None, metavar="MIB", help="guest memory (default: the route's)")
     p.add_argument("--cpus", type=int, default=None, metavar="N", help="guest CPUs (default: the route's)")
+    routing.add_stack_option(p)
     p.add_argument(
         "--pids-limit",
         type=int,
@@ -61,7 +65,7 @@ def _options(p: argparse.ArgumentParser) -> None:
 
 def split_command(args: argparse.Namespace) -> list[str]:
     """REMAINDER swallows options written after STACK (`run llama --gpu -- cmd`): parse them here."""
-    rest = list(args.cmd)
+    rest = routing.take_positional(args, list(args.cmd))
     if "--" not in rest:
         return rest
     i = rest.index("--")
@@ -116,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     cmd = split_command(args)
     bounds = limits(args)
-    stack = catalog.load().get(args.stack)
+    stack = routing.stack_for(args, gpu=args.gpu, command="run")
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     model = resolve_model(args.model)  # verified (or refused) before any VM starts
     req = hosts.RunRequest(stack, args.gpu, tuple(cmd), limits=bounds, model_path=model, route=args.route)

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from provision.cli import routing
 from provision.cli.output import command, table
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
@@ -35,7 +36,8 @@ COMMANDS = {
 def register(sub: argparse._SubParsersAction) -> None:
     p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach",
                 json=True)
-    p.add_argument("stack")
+    p.add_argument("stack", nargs="?", help="default: chosen for this host with --gpu/--route (the why is printed)")
+    routing.add_stack_option(p)
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
@@ -70,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _stack(args: argparse.Namespace) -> Stack:
     from provision.core import catalog
 
-    stack = catalog.load().get(args.stack)
+    stack = routing.stack_for(args, gpu=args.gpu, command=args.command)
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     catalog.check_route(stack, args.route)
     return stack

@@ -210,6 +210,15 @@ class PortInUse(ProvisionError):
     default_fix = "choose another --port, or stop what listens there (`provision ps`, `ss -ltnp`)"
 
 
+class ChatFailed(ProvisionError):
+    """`provision chat`: the server did not answer, or answered an error, so there is no reply to show."""
+
+    code = "E028"
+    exit_status = 38
+    summary = "the chat server could not be reached or answered an error"
+    default_fix = "check the server: `provision ps` lists ours; curl URL/v1/models"
+
+
 # --- macOS launch (podman machine + krunkit) ------------------------------------------------
 
 

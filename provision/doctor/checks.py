@@ -16,6 +16,7 @@ from provision.apir import preflight as apir
 from provision.core import catalog, pins
 from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check, DoctorContext, failed
+from provision.routes.doctor import route_checks
 
 
 def default_vram_mib() -> int | None:
@@ -50,7 +51,7 @@ def context(
 
 
 def run(ctx: DoctorContext) -> list[Check]:
-    return [*hosts.get(ctx.platform).doctor_checks(ctx), *apir.doctor_checks(ctx)]
+    return [*hosts.get(ctx.platform).doctor_checks(ctx), *apir.doctor_checks(ctx), *route_checks(ctx)]
 
 
 def report(ctx: DoctorContext, checks: list[Check], settings: settings_mod.Settings | None = None) -> dict[str, Any]:

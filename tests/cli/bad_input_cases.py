@@ -35,7 +35,7 @@ DEFECTS = (
     "no-fix-line",
 )
 
-COMMANDS = ("stacks", "image", "model", "host-tools", "launch", "run", "bench", "doctor", "ggml", "apir")
+COMMANDS = ("stacks", "image", "model", "host-tools", "launch", "run", "chat", "bench", "doctor", "ggml", "apir")
 SHA_OTHER = "ab" * 32  # a well-formed hash of nothing we serve
 FAST = {"PROVISION_STALL_S": "0.3"}
 PARTIAL = ("cache/models/partial/*",)  # kept on purpose after E012: the next pull resumes
@@ -345,6 +345,19 @@ CASES: tuple[Case, ...] = (
     c("run-model-unknown", "E010", "run", "--model", "no-such-model", "cpu", "--", "true"),
     c("run-model-rebound", "E011", "run", "--model", "tiny-llama", "cpu", "--", "true", setup=("rebound_ref",)),
     c("run-no-stack", "E003", "run"),
+    c("run-no-stack-no-gpu", "E003", "run", "--", "true"),
+    c("run-stack-twice", "E003", "run", "cpu", "--stack", "llama-linux", "--", "true"),
+    c("run-stack-option-gpu-on-cpu", "E007", "run", "--stack", "cpu", "--gpu", "--", "true"),
+    # --- chat (traffic to 127.0.0.1 only; port 9 has no listener) ---------------------------------
+    c("chat-url-ftp", "E003", "chat", "ftp://x", "--prompt", "hi"),
+    c("chat-url-bad-port", "E003", "chat", "http://127.0.0.1:99999", "--prompt", "hi"),
+    c("chat-url-query", "E003", "chat", "http://127.0.0.1:8080/v1?x=1", "--prompt", "hi"),
+    c("chat-unknown-serve", "E003", "chat", "no-such-serve", "--prompt", "hi"),
+    c("chat-no-serve-running", "E003", "chat", "--prompt", "hi"),
+    c("chat-max-tokens-zero", "E003", "chat", "http://127.0.0.1:9", "--max-tokens", "0", "--prompt", "hi"),
+    c("chat-timeout-nan", "E003", "chat", "http://127.0.0.1:9", "--timeout", "nan", "--prompt", "hi"),
+    c("chat-refused", "E028", "chat", "http://127.0.0.1:9", "--prompt", "hi"),
+    c("chat-refused-json", "E028", "chat", "http://127.0.0.1:9", "--prompt", "hi", "--json", json=True),
     c("bench-unknown-stack", "E001", "bench", "no-such-stack"),
     c("bench-cpu-stack", "E007", "bench", "cpu"),
     c("bench-timeout-zero", "E003", "bench", "cpu", "--timeout", "0"),

@@ -60,8 +60,9 @@ class DarwinHost:
     def doctor_checks(self, ctx: DoctorContext) -> list[Check]:
         from provision.hosts.darwin.doctor import darwin_checks
         from provision.hosts.darwin.doctor_isolation import isolation_checks
+        from provision.hosts.darwin.traps import trap_checks
 
-        return [*darwin_checks(ctx), *isolation_checks(ctx)]
+        return [*darwin_checks(ctx), *trap_checks(ctx), *isolation_checks(ctx)]
 
     def bench(self, req: BenchRequest) -> BenchRun:
         raise wrong_platform(
