@@ -24,7 +24,8 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
 COMMAND_MODULES = [
-    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "bench", "doctor", "ggml", "apir", "api",
+    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "bench", "perplexity", "doctor", "ggml",
+    "apir", "api", "completion",
 ]  # fmt: skip
 
 DESCRIPTION = """\
@@ -48,13 +49,18 @@ quick start (macOS):
 
 `provision COMMAND --help` shows each command's options and an example."""
 
-# `provision image STACK` is the design card's short form of `provision image build STACK`.
+# `provision image STACK` is the design card's short form of `provision image build STACK`;
+# `provision bench STACK` of `provision bench run STACK`.
 IMAGE_ACTIONS = ("render", "build")
+BENCH_ACTIONS = ("run", "list", "compare")
+SHORT_FORMS = {"image": ("build", IMAGE_ACTIONS), "bench": ("run", BENCH_ACTIONS)}
 
 
 def expand_short_forms(argv: list[str]) -> list[str]:
-    if len(argv) >= 2 and argv[0] == "image" and argv[1] not in IMAGE_ACTIONS and not argv[1].startswith("-"):
-        return ["image", "build", *argv[1:]]
+    if len(argv) >= 2 and argv[0] in SHORT_FORMS and not argv[1].startswith("-"):
+        default, actions = SHORT_FORMS[argv[0]]
+        if argv[1] not in actions:
+            return [argv[0], default, *argv[1:]]
     return argv
 
 
@@ -123,6 +129,10 @@ def _crash_dir() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (provision completion SHELL)
+        from provision.cli import completion
+
+        completion.complete_if_asked(build_parser)
     argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
     want_json = _wants_json(argv)
     from provision.adapters import signals

@@ -6,6 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
+from provision.cli import bench_history
 from provision.cli.output import command, dumps, table
 from provision.core import values
 from provision.core.errors import InvalidValue, VmFailed
@@ -18,7 +19,12 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench")
+    group = command(sub, "bench", COMMANDS["bench"],
+                    "provision bench llama-linux --model tiny-llama    (short for: bench run llama-linux ...)",
+                    "provision bench list", "provision bench compare -2 -1")  # fmt: skip
+    actions = group.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
+    p = command(actions, "run", "run the benchmark (each run is added to the bench history)",
+                "provision bench run llama-linux --model tiny-llama --out out/bench")  # fmt: skip
     p.add_argument("stack")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
@@ -29,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-venus", action="store_true", help="APIR stacks: skip the Venus comparison")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
+    bench_history.register(actions)  # bench list, bench compare
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
         catalog.check_gpu(venus, True)
         runs.append((venus, {"guest-gpu": linux_bench.GUEST_PLACES["guest-gpu"]}))
     results: list[bench.BenchResult] = []
+    outputs: list[str] = []  # raw llama-bench output, for the history's llama.cpp build
     res = None
     for run_stack, run_places in runs:
         res, out, err = linux.capture_run(
@@ -68,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
                 f"llama-bench in the {run_stack.name} guest exited {res.exit_status}: {err.strip()[-800:]}",
                 fix=f"see {res.run_dir}",
             )
+        outputs.append(out)
         sections = bench.split_sections(out)
         results += [r for where in run_places for r in bench.parse_llama_bench(where, sections.get(where, ""))]
     assert res is not None
@@ -94,11 +103,12 @@ def run(args: argparse.Namespace) -> int:
         gpu_where=gpu_where,
     )
     json_path = bench.write_report(data, out_dir / f"{stem}.json")
+    record = bench_history.record_bench(stack, model, label, {**data, "json": str(json_path)}, gpu_where, outputs)
     md = out_dir / f"{stem}.md"
     md.with_suffix(".md.partial").write_text(bench.markdown(data))
     md.with_suffix(".md.partial").rename(md)
     if args.json:
-        print(dumps({**data, "json": str(json_path)}))
+        print(dumps({**data, "json": str(json_path), "history": record}))
     else:
         print(table(bench.HEADERS, bench.rows(results)))
         ratio = data["remoting_ratio"]
@@ -117,5 +127,6 @@ def run(args: argparse.Namespace) -> int:
             f"report: {json_path}"
             + (f"\nplot: {png}" if png else "\nplot: skipped (install the `plot` extra: matplotlib)")
         )
+        print(f"history: record {record['id']} in {record['file']}")
     bench.check_gate(gate)
     return 0

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from provision.cli import serve_generate
 from provision.cli.output import command
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
@@ -51,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
     p.add_argument("--json", action="store_true")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    serve_generate.options(p)  # --generate quadlet|kube --output FILE [--force]
     p.set_defaults(func=serve_cmd)
 
     p = command(sub, "ps", COMMANDS["ps"], "provision ps --json")
@@ -89,6 +91,8 @@ def serve_cmd(args: argparse.Namespace) -> int:
     host = serving.check_host(args.host, args.allow_remote)
     serving.check_numbers(args.port, args.ctx, args.parallel)
     name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
+    if args.generate:
+        return serve_generate.run(args, stack, host, name)
     if args.detach:
         return _detach(args, stack, host, name)
     report = Path(args.report) if args.report else None
