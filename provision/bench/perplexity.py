@@ -23,6 +23,8 @@ TEXT_NAME = "perplexity.txt"  # the text's name beside the model on the read-onl
 # perplexity.cpp: LOG("Final estimate: PPL = %.4lf +/- %.5lf\n", ...)
 _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf) \+/- ([0-9.]+|nan|inf)")
 _TOO_SHORT = re.compile(r"you need at least (\d+) tokens")
+# What the GPU run really used: ggml-vulkan's device list, or llama's "using device Vulkan0 (NAME) - N MiB free".
+_DEVICE = (re.compile(r"ggml_vulkan: \d+ = ([^|\n]+?)\s*\|"), re.compile(r"using device \S+ \((.+)\) - \d+ MiB free"))
 
 
 def check_tool(stack: Stack, tool_packages: Mapping[str, str], catalog_path: str = "provision/data/stacks.yaml",
@@ -77,6 +79,15 @@ def too_short(text: str) -> InvalidValue | None:
         return None
     return InvalidValue(f"the text is too short for --ctx: {TOOL} needs at least {short.group(1)} tokens",
                         fix="give a longer --text, or a smaller --ctx")  # fmt: skip
+
+
+def used_device(text: str) -> str | None:
+    """The GPU device llama-perplexity named in its log (None when it named none)."""
+    for pattern in _DEVICE:
+        m = pattern.search(text)
+        if m:
+            return m.group(1).strip()
+    return None
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,14 @@ def test_gpu_runs_all_layers_on_the_stack_device_and_cpu_runs_none() -> None:
     assert perplexity.where(stack, True) == "guest-gpu" and perplexity.where(stack, False) == "guest-cpu"
 
 
+def test_the_device_is_read_from_the_log() -> None:
+    vk = "ggml_vulkan: 0 = Virtio-GPU Venus (llvmpipe (LLVM 19.1.7, 256 bits)) (venus) | uma: 1 | fp16: 1 |\n"
+    assert perplexity.used_device(vk) == "Virtio-GPU Venus (llvmpipe (LLVM 19.1.7, 256 bits)) (venus)"
+    llama = "llama_model_load_from_file_impl: using device Vulkan0 (Virtio-GPU Venus (llvmpipe)) - 2048 MiB free\n"
+    assert perplexity.used_device(llama) == "Virtio-GPU Venus (llvmpipe)"
+    assert perplexity.used_device("no device here") is None
+
+
 def test_the_final_estimate_is_parsed() -> None:
     est = perplexity.parse("noise\n" + FINAL)
     assert est.ppl == pytest.approx(511.2345) and est.error == pytest.approx(12.34567)
