@@ -22,6 +22,7 @@ KINDS = ("bench", "perplexity")
 # The line every llama.cpp tool logs at start-up (common_init), e.g. "build: 6542 (0c1e5709) with ...".
 _BUILD_LINE = re.compile(r"build: (\d+) \(([0-9a-fA-F]+|unknown)\)")
 _ID = re.compile(r"^[0-9a-f]{4,12}$")
+_SECTION = re.compile(r"^@@krun-bench \S+$", re.M)  # = bench.report.SECTION: one marker before each llama-bench run
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,12 @@ def bench_measures(results: Sequence[Mapping[str, Any]]) -> list[Measure]:
             for r in results]  # fmt: skip
 
 
-def bench_device(results: Sequence[Mapping[str, Any]], gpu_where: str) -> str:
-    """The remoted GPU's device as llama-bench named it (e.g. "Virtio-GPU Venus (llvmpipe …)")."""
-    return next((str(r.get("device") or r.get("backend") or "") for r in results if r["where"] == gpu_where), "")
+def bench_device(results: Sequence[Mapping[str, Any]], gpu_where: str, texts: Iterable[str] = ()) -> str:
+    """The remoted GPU's device as llama-bench named it: its ggml name and, from the raw JSON's
+    ``gpu_info``, what it is (e.g. "Vulkan0: Virtio-GPU Venus (llvmpipe …)")."""
+    name = next((str(r.get("device") or r.get("backend") or "") for r in results if r["where"] == gpu_where), "")
+    info = next((str(row["gpu_info"]) for text in texts for row in _json_rows(text) if row.get("gpu_info")), "")
+    return f"{name}: {info}" if name and info else (name or info)
 
 
 def llama_build(texts: Iterable[str]) -> dict[str, str]:
@@ -108,14 +112,18 @@ def llama_build(texts: Iterable[str]) -> dict[str, str]:
 
 
 def _json_rows(text: str) -> list[dict[str, Any]]:
-    start, end = text.find("["), text.rfind("]")
-    if start < 0 or end < start:
-        return []
-    try:
-        rows = json.loads(text[start : end + 1])
-    except json.JSONDecodeError:
-        return []
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    """The rows of every llama-bench JSON array in ``text`` (one per ``@@krun-bench`` section)."""
+    out: list[dict[str, Any]] = []
+    for part in _SECTION.split(text):
+        start, end = part.find("["), part.rfind("]")
+        if start < 0 or end < start:
+            continue
+        try:
+            rows = json.loads(part[start : end + 1])
+        except json.JSONDecodeError:
+            continue
+        out += [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    return out
 
 
 def from_dict(data: Mapping[str, Any]) -> Record:

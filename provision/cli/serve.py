@@ -37,7 +37,8 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach")
+    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach",
+                "provision serve llama-linux --model tiny-llama --gpu --generate quadlet --output llama.container")
     p.add_argument("stack")
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")

@@ -72,7 +72,7 @@ def record_bench(
         host=host(),
         stack=stack.name,
         route=stack.route,
-        device=history.bench_device(report["results"], gpu_where),
+        device=history.bench_device(report["results"], gpu_where, outputs),
         model=label,
         model_sha256=file_sha256(model),
         llama_build=history.llama_build(outputs),

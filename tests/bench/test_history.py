@@ -157,6 +157,16 @@ def test_compare_shows_a_test_only_one_record_has_without_a_ratio() -> None:
     assert "kind: bench -> perplexity" in history.differences(a, b)
 
 
+def test_the_device_is_the_ggml_name_and_what_llama_bench_says_it_is() -> None:
+    results = [{"where": "guest-gpu", "device": "Vulkan0"}, {"where": "guest-cpu", "device": "none"}]
+    text = BENCH_JSON.replace('"devices"', '"gpu_info": "Virtio-GPU Venus (llvmpipe)", "devices"')
+    two = f"@@krun-bench guest-gpu\n{text}\n@@krun-bench guest-cpu\nlog line [x]\n{text}\n"
+    assert history.llama_build([two]) == {"commit": "0c1e5709", "number": "11312"}
+    assert history.bench_device(results, "guest-gpu", [two]) == (
+        "Vulkan0: Virtio-GPU Venus (llvmpipe)")  # fmt: skip
+    assert history.bench_device(results, "guest-gpu") == "Vulkan0"
+
+
 def test_llama_build_from_bench_json_or_the_log_line() -> None:
     assert history.llama_build(["log\n" + BENCH_JSON]) == {"commit": "0c1e5709", "number": "11312"}
     log = "main: build: 6542 (0c1e5709) with cc (Debian 15) for x86_64-linux-gnu\n"

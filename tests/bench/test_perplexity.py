@@ -103,6 +103,13 @@ def test_every_check_comes_before_the_model_is_fetched(tmp_path: Path) -> None:
             linux_perplexity.measure(stack, gpu, never, "m", **kw)  # type: ignore[arg-type]
 
 
+def test_the_cli_defaults_are_the_domain_defaults() -> None:
+    from provision.cli import perplexity as cli_perplexity  # kept apart so --help imports no domain module
+
+    assert (cli_perplexity.DEFAULT_CTX, cli_perplexity.DEFAULT_CHUNKS) == (perplexity.DEFAULT_CTX,
+                                                                           perplexity.DEFAULT_CHUNKS)  # fmt: skip
+
+
 def test_the_default_text_is_long_enough_for_the_default_context() -> None:
     text = linux_perplexity.default_text().read_text()
     # at ~4.5 characters a token (a BPE vocabulary), two default contexts of tokens and more
