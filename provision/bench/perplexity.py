@@ -23,8 +23,6 @@ TEXT_NAME = "perplexity.txt"  # the text's name beside the model on the read-onl
 # perplexity.cpp: LOG("Final estimate: PPL = %.4lf +/- %.5lf\n", ...)
 _FINAL = re.compile(r"Final estimate: PPL = ([0-9.]+|nan|inf) \+/- ([0-9.]+|nan|inf)")
 _TOO_SHORT = re.compile(r"you need at least (\d+) tokens")
-# What the GPU run really used: ggml-vulkan's device list, or llama's "using device Vulkan0 (NAME) - N MiB free".
-_DEVICE = (re.compile(r"ggml_vulkan: \d+ = ([^|\n]+?)\s*\|"), re.compile(r"using device \S+ \((.+)\) - \d+ MiB free"))
 
 
 def check_tool(stack: Stack, tool_packages: Mapping[str, str], catalog_path: str = "provision/data/stacks.yaml",
@@ -69,7 +67,10 @@ def guest_command(stack: Stack, gpu: bool, text_path: str, ctx: int, chunks: int
         args += ["-ngl", "99"] + (["-dev", stack.device] if stack.device else [])
     else:
         args += ["-ngl", "0", "-dev", "none"]
-    return ["sh", "-c", "exec " + shlex.join(args).replace("MODEL_PATH", '"$MODEL"') + " 2>&1"]
+    run = "exec " + shlex.join(args).replace("MODEL_PATH", '"$MODEL"') + " 2>&1"
+    # The device list first (no model loaded): the record names what the device is, as bench's does.
+    listing = f"{shlex.join([TOOL, '--list-devices'])} 2>&1; " if gpu else ""
+    return ["sh", "-c", listing + run]
 
 
 def too_short(text: str) -> InvalidValue | None:
@@ -81,13 +82,12 @@ def too_short(text: str) -> InvalidValue | None:
                         fix="give a longer --text, or a smaller --ctx")  # fmt: skip
 
 
-def used_device(text: str) -> str | None:
-    """The GPU device llama-perplexity named in its log (None when it named none)."""
-    for pattern in _DEVICE:
-        m = pattern.search(text)
-        if m:
-            return m.group(1).strip()
-    return None
+def used_device(text: str, device: str | None) -> str | None:
+    """``device`` as `--list-devices` describes it ("Vulkan0: Virtio-GPU Venus (…)"), or None."""
+    if not device:
+        return None
+    m = re.search(rf"^\s*{re.escape(device)}: (.+?)(?: \(\d+ MiB[^)]*\))?\s*$", text, re.M)
+    return f"{device}: {m.group(1)}" if m else None
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ def record_perplexity(
         host=host(),
         stack=stack.name,
         route=stack.route if gpu else "cpu",
-        device=(perplexity.used_device(output) or stack.device or "remote") if gpu else "CPU",
+        device=(perplexity.used_device(output, stack.device) or stack.device or "remote") if gpu else "CPU",
         model=label,
         model_sha256=file_sha256(model),
         llama_build=history.llama_build([output]),

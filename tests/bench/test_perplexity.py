@@ -47,16 +47,17 @@ def test_gpu_runs_all_layers_on_the_stack_device_and_cpu_runs_none() -> None:
     gpu = perplexity.guest_command(stack, True, "/models/perplexity.txt", 256, 8)
     cpu = perplexity.guest_command(stack, False, "/models/perplexity.txt", 256, 8)
     assert gpu[:2] == ["sh", "-c"] and "-ngl 99 -dev Vulkan0" in gpu[2] and '-m "$MODEL"' in gpu[2]
+    assert gpu[2].startswith("llama-perplexity --list-devices 2>&1; exec llama-perplexity ")
+    assert "--list-devices" not in cpu[2]
     assert "-ngl 0 -dev none" in cpu[2] and "-f /models/perplexity.txt -c 256 -b 256 --chunks 8" in cpu[2]
     assert perplexity.where(stack, True) == "guest-gpu" and perplexity.where(stack, False) == "guest-cpu"
 
 
-def test_the_device_is_read_from_the_log() -> None:
-    vk = "ggml_vulkan: 0 = Virtio-GPU Venus (llvmpipe (LLVM 19.1.7, 256 bits)) (venus) | uma: 1 | fp16: 1 |\n"
-    assert perplexity.used_device(vk) == "Virtio-GPU Venus (llvmpipe (LLVM 19.1.7, 256 bits)) (venus)"
-    llama = "llama_model_load_from_file_impl: using device Vulkan0 (Virtio-GPU Venus (llvmpipe)) - 2048 MiB free\n"
-    assert perplexity.used_device(llama) == "Virtio-GPU Venus (llvmpipe)"
-    assert perplexity.used_device("no device here") is None
+def test_the_device_is_read_from_the_device_list() -> None:
+    listing = ("Available devices:\n"
+               "  Vulkan0: Virtio-GPU Venus (llvmpipe (LLVM 22.1.8, 256 bits)) (2048 MiB, 2047 MiB free)\n")
+    assert perplexity.used_device(listing, "Vulkan0") == "Vulkan0: Virtio-GPU Venus (llvmpipe (LLVM 22.1.8, 256 bits))"
+    assert perplexity.used_device(listing, "Vulkan1") is None and perplexity.used_device(listing, None) is None
 
 
 def test_the_final_estimate_is_parsed() -> None:
