@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,7 @@ class BenchRun:
     data: dict[str, Any]
     results: list[BenchResult]
     gate: Gate
+    outputs: list[str] = field(default_factory=list)  # each guest's raw llama-bench output (its build line)
 
 
 def plot(results: list[BenchResult], title: str, path: Path) -> Path | None:

@@ -32,8 +32,8 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
 COMMAND_MODULES = [
-    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "chat", "bench", "doctor", "ggml", "apir",
-    "api", "config",
+    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "chat", "bench", "perplexity", "doctor",
+    "ggml", "apir", "api", "config", "completion",
 ]  # fmt: skip
 
 DESCRIPTION = """\
@@ -58,15 +58,20 @@ quick start (macOS):
 `provision COMMAND --help` shows each command's options and an example."""
 
 # Commands with actions: the envelope names them with their action ("model pull").
-GROUPS = ("image", "model", "ggml", "apir", "config")
+GROUPS = ("image", "model", "bench", "ggml", "apir", "config")
 
-# `provision image STACK` is the design card's short form of `provision image build STACK`.
+# `provision image STACK` is the design card's short form of `provision image build STACK`;
+# `provision bench STACK` of `provision bench run STACK`.
 IMAGE_ACTIONS = ("render", "build")
+BENCH_ACTIONS = ("run", "list", "compare")
+SHORT_FORMS = {"image": ("build", IMAGE_ACTIONS), "bench": ("run", BENCH_ACTIONS)}
 
 
 def expand_short_forms(argv: list[str]) -> list[str]:
-    if len(argv) >= 2 and argv[0] == "image" and argv[1] not in IMAGE_ACTIONS and not argv[1].startswith("-"):
-        return ["image", "build", *argv[1:]]
+    if len(argv) >= 2 and argv[0] in SHORT_FORMS and not argv[1].startswith("-"):
+        default, actions = SHORT_FORMS[argv[0]]
+        if argv[1] not in actions:
+            return [argv[0], default, *argv[1:]]
     return argv
 
 
@@ -130,7 +135,9 @@ def _command_of(argv: Sequence[str]) -> str | None:
 
 def _wants_json(argv: Sequence[str]) -> bool:
     head = list(argv)[: list(argv).index("--")] if "--" in argv else list(argv)
-    return "--json" in head
+    # `--format json` (bench list/compare, perplexity) is the same envelope as `--json`
+    formats = [b for a, b in zip(head, head[1:], strict=False) if a == "--format"]
+    return "--json" in head or "--format=json" in head or "json" in formats
 
 
 def _crash_report(exc: BaseException) -> Path | None:
@@ -164,6 +171,10 @@ def _command_path(argv: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (provision completion SHELL)
+        from provision.cli import completion
+
+        completion.complete_if_asked(build_parser)
     argv = expand_short_forms(list(sys.argv[1:] if argv is None else argv))
     want_json = _wants_json(argv)
     command = _command_path(argv)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from provision.cli import routing
+from provision.cli import bench_history, routing
 from provision.cli.output import command, table
 from provision.core import values
 from provision.core.errors import BenchGateFailed, InvalidValue
@@ -19,8 +19,12 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "bench", COMMANDS["bench"], "provision bench llama-linux --model tiny-llama --out out/bench",
-                json=True)
+    group = command(sub, "bench", COMMANDS["bench"],
+                    "provision bench llama-linux --model tiny-llama    (short for: bench run llama-linux ...)",
+                    "provision bench list", "provision bench compare -2 -1")  # fmt: skip
+    actions = group.add_subparsers(dest="bench_command", metavar="ACTION", required=True)
+    p = command(actions, "run", "run the benchmark (each run is added to the bench history)",
+                "provision bench run llama-linux --model tiny-llama --out out/bench", json=True)  # fmt: skip
     p.add_argument("stack", nargs="?", help="default: the GPU stack chosen for this host (the why is printed)")
     routing.add_stack_option(p)
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
@@ -31,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="APIR stacks: the Venus stack benched in the same run for comparison (default llama-linux)")
     p.add_argument("--no-venus", action="store_true", help="APIR stacks: skip the Venus comparison")
     p.set_defaults(func=run)
+    bench_history.register(actions)  # bench list, bench compare
 
 
 def run(args: argparse.Namespace) -> Result:
@@ -53,14 +58,16 @@ def run(args: argparse.Namespace) -> Result:
     req = hosts.BenchRequest(stack, model, label, args.timeout, args.out or cache_dir("bench"),
                              host_baseline=not args.no_host, venus_stack=venus)  # fmt: skip
     done = host.bench(req)
-    data = done.data
     gate = done.gate
+    gpu_where = "guest-apir" if stack.route == "apir" else "guest-gpu"
+    record = bench_history.record_bench(stack, model, label, done.data, gpu_where, done.outputs)
+    data = {**done.data, "history": record}
 
     def text() -> str:
         lines = [table(bench.HEADERS, bench.rows(done.results))]
         lines.append(f"\ngate: pp guest GPU / guest CPU = {gate.factor:.2f}x (need >= {gate.required:g}x): "
                      f"{'holds' if gate.holds else 'FAILS'}")  # fmt: skip
-        ratio, gpu_where = data["remoting_ratio"], "guest-apir" if stack.route == "apir" else "guest-gpu"
+        ratio = data["remoting_ratio"]
         if ratio:
             lines.append(f"remoting ratio ({gpu_where} / host native): "
                          + ", ".join(f"{k} {v:.2f}" for k, v in ratio.items()))  # fmt: skip
@@ -72,6 +79,7 @@ def run(args: argparse.Namespace) -> Result:
         png = data.get("png")
         lines.append(f"report: {data['json']}" + (f"\nplot: {png}" if png else
                      "\nplot: skipped (install the `plot` extra: matplotlib)"))  # fmt: skip
+        lines.append(f"history: record {record['id']} in {record['file']}")
         return "\n".join(lines)
 
     error = None

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision.cli import routing
+from provision.cli import routing, serve_generate
 from provision.cli.output import command, table
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
@@ -35,6 +35,7 @@ COMMANDS = {
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach",
+                "provision serve llama-linux --model tiny-llama --gpu --generate quadlet --output llama.container",
                 json=True)
     p.add_argument("stack", nargs="?", help="default: chosen for this host with --gpu/--route (the why is printed)")
     routing.add_stack_option(p)
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
+    serve_generate.options(p)  # --generate quadlet|kube --output FILE [--force]
     p.set_defaults(func=serve_cmd)
 
     p = command(sub, "ps", COMMANDS["ps"], "provision ps --json", json=True)
@@ -87,6 +89,8 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
     host = serving.check_host(args.host, args.allow_remote)
     serving.check_numbers(args.port, args.ctx, args.parallel)
     name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
+    if args.generate:
+        return serve_generate.run(args, stack, host, name)
     if args.detach:
         return _detach(args, stack, host, name)
     report = Path(args.report) if args.report else None

@@ -34,6 +34,8 @@ LAYOUT: dict[str, str] = {
     "serve": "what `provision serve` runs: NAME.json, NAME.log (serve/state.py)",
     "bench": "`provision bench` reports: JSON, Markdown, PNG (hosts/linux/bench_run.py)",
     "crash": "tracebacks of bugs, one file each (cli/__init__.py)",
+    "apir-cuda": "checks/apir-cuda's work directory: the CUDA ggml build and the loopback (on a GPU host)",
+    "test-fixtures": "what the test suite builds once and reuses: the busybox base image, tool packages (tests/)",
 }
 # under the state root
 STATE_LAYOUT: dict[str, str] = {

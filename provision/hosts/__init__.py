@@ -6,7 +6,7 @@ picks the one for this machine. This is the one place that looks at ``sys.platfo
 A host says what it cannot do with ``WrongPlatform`` (E033), so `provision bench` on a Mac is
 "wrong platform", not a Linux error.
 
-May import: core, bench, serve.
+May import: core, adapters, bench, serve.
 """
 
 from __future__ import annotations

@@ -2,5 +2,5 @@
 
 The guest itself comes from the host (``Host.serve_guest``: hosts/linux/serve.py, hosts/darwin/serve.py).
 
-May import: core, adapters.
+May import: core, adapters, images.
 """

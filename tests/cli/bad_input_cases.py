@@ -35,7 +35,8 @@ DEFECTS = (
     "no-fix-line",
 )
 
-COMMANDS = ("stacks", "image", "model", "host-tools", "launch", "run", "chat", "bench", "doctor", "ggml", "apir")
+COMMANDS = ("stacks", "image", "model", "host-tools", "launch", "run", "chat", "bench", "perplexity", "serve",
+            "completion", "doctor", "ggml", "apir")  # fmt: skip
 SHA_OTHER = "ab" * 32  # a well-formed hash of nothing we serve
 FAST = {"PROVISION_STALL_S": "0.3"}
 PARTIAL = ("cache/models/partial/*",)  # kept on purpose after E012: the next pull resumes
@@ -363,6 +364,29 @@ CASES: tuple[Case, ...] = (
     c("bench-timeout-zero", "E003", "bench", "cpu", "--timeout", "0"),
     c("bench-timeout-nan", "E003", "bench", "cpu", "--timeout", "nan"),
     c("bench-out-is-file", "E003", "bench", "cpu", "--out", "work/notes.txt"),
+    c("bench-compare-empty-history", "E003", "bench", "compare", "-2", "-1"),
+    c("bench-compare-bad-ref", "E003", "bench", "compare", "x;rm -rf", "-1"),
+    c("bench-list-last-zero", "E003", "bench", "list", "--last", "0"),
+    c("bench-list-bad-format", "E003", "bench", "list", "--format", "xml"),
+    # --- perplexity, serve --generate, completion -----------------------------------------------
+    c("perplexity-gpu-on-cpu-stack", "E007", "perplexity", "cpu", "--model", "tiny-llama", "--gpu"),
+    c("perplexity-stack-without-tool", "E006", "perplexity", "cpu", "--model", "tiny-llama"),
+    c("perplexity-text-missing", "E003", "perplexity", "llama-linux", "--model", "tiny-llama", "--text", "work/no.txt"),
+    c("perplexity-text-directory", "E003", "perplexity", "llama-linux", "--model", "tiny-llama", "--text", "work"),
+    c("perplexity-ctx-zero", "E003", "perplexity", "llama-linux", "--model", "tiny-llama", "--ctx", "0"),
+    c("perplexity-no-model", "E003", "perplexity", "llama-linux"),
+    c("generate-over-user-file", "E003", "serve", "llama-linux", "--model", "tiny-llama", "--generate", "quadlet",
+      "--output", "work/notes.txt"),
+    c("generate-no-output", "E003", "serve", "llama-linux", "--model", "tiny-llama", "--generate", "kube"),
+    c("generate-beyond-loopback", "E003", "serve", "llama-linux", "--model", "tiny-llama", "--generate", "kube",
+      "--output", "work/pod.yaml", "--host", "0.0.0.0", "--allow-remote"),
+    c("generate-gpu-on-cpu-stack", "E007", "serve", "cpu", "--model", "tiny-llama", "--gpu", "--generate", "kube",
+      "--output", "work/pod.yaml"),
+    c("generate-unknown-format", "E003", "serve", "llama-linux", "--model", "tiny-llama", "--generate", "compose",
+      "--output", "work/x.yaml"),
+    c("generate-ok", "ok", "serve", "llama-linux", "--model", "tiny-llama", "--generate", "quadlet", "--output",
+      "work/unit.container", changes=("work/unit.container",), out="wrote quadlet"),
+    c("completion-unknown-shell", "E003", "completion", "tcsh"),
     # --- host-tools, doctor, ggml, apir ------------------------------------------------------------
     c("host-tools-virgl-src-alone", "E003", "host-tools", "--virgl-src", "work"),
     c("host-tools-virgl-src-missing", "E003", "host-tools", "--apir", "--virgl-src", "work/none"),

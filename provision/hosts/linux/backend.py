@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -110,6 +110,7 @@ class LinuxBackend:
         stderr: BinaryIO | None = None,
         model_name: str | None = None,
         cancel: threading.Event | None = None,
+        model_extras: Mapping[str, Path] | None = None,
     ) -> RunResult:
         catalog.check_gpu(stack, gpu)
         catalog.check_route(stack, route)
@@ -130,7 +131,7 @@ class LinuxBackend:
         route_env, watch_workers = self._route_env(tools, stack, gpu)
         root = bundle.root_disk_for(tools, stack) or self.root_disk(stack)
         guest_model = vmdisk.guest_model_name(model_path, model_name) if model_path else None
-        model_disk = vmdisk.model_disk(model_path, guest_model) if model_path and guest_model else None
+        model_disk = vmdisk.model_disk(model_path, guest_model, model_extras) if model_path and guest_model else None
         run_dir = run_dirs.new()
         job = job_script(stack, command, guest_model, gpu)
         vmdisk.write_job_disk(job, run_dir / "job.img")
@@ -355,10 +356,12 @@ def capture_run(
     command: Sequence[str],
     timeout: float,
     model_name: str | None = None,
+    model_extras: Mapping[str, Path] | None = None,
 ) -> tuple[RunResult, str, str]:
     """Run and also return the command's stdout and stderr as text."""
     out, err = io.BytesIO(), io.BytesIO()
-    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err, model_name=model_name)
+    res = backend.execute(stack, gpu, model, command, timeout, stdout=out, stderr=err, model_name=model_name,
+                          model_extras=model_extras)
     return res, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
 
 

@@ -29,6 +29,7 @@ def run(req: BenchRequest) -> bench.BenchRun:
         runs.append((req.venus_stack, {"guest-gpu": linux_bench.GUEST_PLACES["guest-gpu"]}))
     backend = linux.backend()
     results: list[bench.BenchResult] = []
+    outputs: list[str] = []  # raw llama-bench output, for the history's llama.cpp build
     res = None
     for run_stack, run_places in runs:
         res, out, err = linux.capture_run(
@@ -39,6 +40,7 @@ def run(req: BenchRequest) -> bench.BenchRun:
                 f"llama-bench in the {run_stack.name} guest exited {res.exit_status}: {err.strip()[-800:]}",
                 fix=f"see {res.run_dir}",
             )
+        outputs.append(out)
         sections = bench.split_sections(out)
         results += [r for where in run_places for r in bench.parse_llama_bench(where, sections.get(where, ""))]
     assert res is not None
@@ -65,4 +67,4 @@ def run(req: BenchRequest) -> bench.BenchRun:
     )
     json_path = bench.write_report(data, req.out_dir / f"{stem}.json")
     md = bench.write_markdown(data, req.out_dir / f"{stem}.md")
-    return bench.BenchRun({**data, "json": str(json_path), "markdown": str(md)}, results, gate)
+    return bench.BenchRun({**data, "json": str(json_path), "markdown": str(md)}, results, gate, outputs)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -151,11 +152,12 @@ def guest_model_name(model: Path, name: str | None = None) -> str:
     return model.name if model.name.endswith(".gguf") else "model.gguf"
 
 
-def model_disk(model: Path, guest_name: str) -> Path:
-    """A small read-only ext4 disk holding the model as ``guest_name`` (cached by path, size, mtime)."""
-    model = model.resolve()
-    st = model.stat()
-    key = hashlib.sha256(f"{model}\0{st.st_size}\0{st.st_mtime_ns}\0{guest_name}".encode()).hexdigest()[:16]
+def model_disk(model: Path, guest_name: str, extra: Mapping[str, Path] | None = None) -> Path:
+    """A small read-only ext4 disk holding the model as ``guest_name`` (cached by path, size, mtime),
+    and ``extra`` files beside it under their given names (`provision perplexity`'s text)."""
+    files = {guest_name: model.resolve(), **{name: p.resolve() for name, p in (extra or {}).items()}}
+    ident = "\0".join(f"{p}\0{p.stat().st_size}\0{p.stat().st_mtime_ns}\0{name}" for name, p in files.items())
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     final = cache_dir("model-disks") / f"{key}.img"
     if final.is_file():
         return final
@@ -167,10 +169,11 @@ def model_disk(model: Path, guest_name: str) -> Path:
             shutil.rmtree(staging)
         staging.mkdir()
         try:
-            try:
-                os.link(model, staging / guest_name)
-            except OSError:
-                shutil.copy2(model, staging / guest_name)
+            for name, source in files.items():
+                try:
+                    os.link(source, staging / name)
+                except OSError:
+                    shutil.copy2(source, staging / name)
             partial = final.with_suffix(".partial")
             _mkfs(staging, partial, "models", extra_mib=16)
             partial.rename(final)

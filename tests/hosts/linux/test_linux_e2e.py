@@ -9,6 +9,7 @@ the timeout and Ctrl-C tests stop QEMU early.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -22,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from provision.bench import history
 from provision.core import catalog, isolation
+from provision.hosts import history as host_history
 from provision.hosts.linux import backend as linux
+from provision.hosts.linux import perplexity as linux_perplexity
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from provision.models import store as models
@@ -119,6 +123,38 @@ def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tm
     assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"
     if report["host_native"]:
         assert "pp256" in report["remoting_ratio"]
+    # The run is in the bench history: one record with what it measured and where.
+    records, _ = host_history.load()
+    record = history.pick(records, report["history"]["id"])
+    assert record.kind == "bench" and record.stack == "llama-linux" and record.route == "venus"
+    assert "Venus" in record.device and record.model_sha256 == models.Store().ref("tiny-llama").sha256
+    assert record.llama_build["number"] or record.llama_build["commit"]
+    assert [(m.where, m.test, m.value) for m in record.results] == [
+        (r["where"], r["test"], r["tokens_per_s"]) for r in report["results"]
+    ]
+    cmp = provision("bench", "compare", record.id, "-1", "--json")
+    assert cmp.returncode == 0, cmp.stderr
+    rows = json.loads(cmp.stdout)["data"]["rows"]
+    newest = records[-1]
+    for row in rows:  # B/A, against the newest record (this one, unless another run appended since)
+        a = next(m.value for m in record.results if (m.where, m.test) == (row["where"], row["test"]))
+        b = next((m.value for m in newest.results if (m.where, m.test) == (row["where"], row["test"])), None)
+        assert row["ratio"] == (None if b is None else pytest.approx(b / a))
+    assert "pp256" in provision("bench", "list", "--stack", "llama-linux").stdout
+
+
+def test_perplexity_on_the_guest_gpu_parses_a_number_and_is_recorded(image: None, model: Path) -> None:
+    proc = provision("perplexity", "llama-linux", "--model", "tiny-llama", "--gpu", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
+    data = json.loads(proc.stdout)["data"]
+    assert data["where"] == "guest-gpu" and isinstance(data["ppl"], float)
+    # A random 512-token model on English bytes: far from 1 (perfect), and finite.
+    assert 1.0 < data["ppl"] < 1e6 and data["error"] >= 0
+    assert data["text_sha256"] == hashlib.sha256(linux_perplexity.default_text().read_bytes()).hexdigest()
+    record = history.pick(host_history.load()[0], data["history"]["id"])
+    assert record.kind == "perplexity" and record.results[0].test == "ppl"
+    assert record.results[0].value == pytest.approx(data["ppl"])
+    assert "Venus" in record.device, record.device  # from llama-perplexity's own log: it ran on the Venus device
 
 
 def test_guest_without_gpu_has_no_dri_reads_model_and_propagates_exit_status(image: None, model: Path) -> None:

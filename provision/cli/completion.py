@@ -1,0 +1,97 @@
+"""`provision completion bash|zsh|fish`: the shell's completion script, and completing a command line.
+
+Both come from argcomplete, from the same parser `provision` parses with: the script makes the
+shell run ``provision`` with argcomplete's environment (``_ARGCOMPLETE=1``, ``COMP_LINE``), and
+``complete_if_asked`` (the first thing main does) answers from the full parser, with stack names
+from the catalog and model names from the catalog and the store. argcomplete is imported only
+then, so `provision --help` starts as fast as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+from collections.abc import Callable
+from typing import Any
+
+from provision.cli.output import command
+
+# The commands this module adds, with their one-line help (`provision --help` lists these
+# without importing anything a command needs).
+COMMANDS = {
+    "completion": "print the shell completion script for bash, zsh or fish",
+}
+SHELLS = ("bash", "zsh", "fish")
+INSTALL = {
+    "bash": 'eval "$(provision completion bash)"          # in ~/.bashrc',
+    "zsh": 'eval "$(provision completion zsh)"           # in ~/.zshrc, after compinit',
+    "fish": "provision completion fish > ~/.config/fish/completions/provision.fish",
+}
+STACK_DESTS = ("stack", "venus_stack")
+MODEL_DESTS = ("model",)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = command(sub, "completion", COMMANDS["completion"], *INSTALL.values())
+    p.add_argument("shell", choices=SHELLS)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import argcomplete
+
+    print(argcomplete.shellcode(["provision"], shell=args.shell), end="")
+    return 0
+
+
+def stack_names(**_: Any) -> list[str]:
+    from provision.core import catalog
+
+    return sorted(catalog.load().stacks)
+
+
+def run_words(parsed_args: argparse.Namespace | None = None, **_: Any) -> list[str]:
+    """`provision run [STACK] -- CMD` takes its words as one list: its first word may be a stack."""
+    return stack_names() if not getattr(parsed_args, "cmd", None) else []
+
+
+def model_names(**_: Any) -> list[str]:
+    """Catalog models and stored names; a broken store completes the catalog's names only."""
+    from provision.models import store
+
+    names = set(store.catalog_names())
+    # Completing must never print a traceback into the shell: a broken store adds nothing.
+    with contextlib.suppress(Exception):
+        names.update(ref.name for ref in store.Store(out=io.StringIO()).refs())
+    return sorted(names)
+
+
+def add_completers(parser: argparse.ArgumentParser) -> None:
+    """Stack and model names for every option and positional that takes one, at every depth."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_completers(sub)
+            continue
+        completer: Callable[..., list[str]] | None = None
+        if action.dest in STACK_DESTS:
+            completer = stack_names
+        elif action.dest in MODEL_DESTS:
+            completer = model_names
+        elif action.dest == "cmd" and parser.prog.endswith(" run"):
+            completer = run_words
+        if completer is not None:
+            action.completer = completer  # type: ignore[attr-defined]
+
+
+def complete_if_asked(build_parser: Callable[[], argparse.ArgumentParser]) -> None:
+    """Inside a completion request (the shell sets _ARGCOMPLETE): print the candidates, exit."""
+    if "_ARGCOMPLETE" not in os.environ:
+        return
+    import argcomplete
+
+    parser = build_parser()
+    add_completers(parser)
+    argcomplete.autocomplete(parser)

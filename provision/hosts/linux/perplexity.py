@@ -1,0 +1,80 @@
+"""`provision perplexity` on the Linux route: llama-perplexity in a guest, on a text mounted read-only.
+
+The text sits beside the model on the read-only model disk (disks.model_disk's extra files), the
+device rules are `provision run`'s (catalog.check_gpu: E007 before anything starts), and the
+result is appended to the bench history like a bench's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from provision.bench import perplexity
+from provision.core import catalog
+from provision.core import pins as pins_mod
+from provision.core.catalog import Stack
+from provision.core.errors import InvalidValue, VmFailed
+from provision.hosts import history as host_history
+from provision.hosts.linux import backend as linux
+from provision.hosts.linux import disks as vmdisk
+
+MAX_TEXT_BYTES = 256 << 20
+
+
+def default_text() -> Path:
+    """The text shipped with provision (about 4 KB of plain English prose, written for it)."""
+    return Path(str(resources.files("provision") / "data" / "perplexity.txt"))
+
+
+def check_text(text: Path | None) -> Path:
+    path = default_text() if text is None else text.expanduser()
+    if not path.is_file():
+        why = "does not exist" if not path.exists() else "is not a regular file"
+        raise InvalidValue(f"--text {path}: {why}", fix="give the path of a plain text file")
+    size = path.stat().st_size
+    if not 0 < size <= MAX_TEXT_BYTES:
+        raise InvalidValue(f"--text {path}: {size} bytes; expected 1 to {MAX_TEXT_BYTES}",
+                           fix="give a non-empty text file of at most 256 MiB")  # fmt: skip
+    return path.resolve()
+
+
+def measure(
+    stack: Stack,
+    gpu: bool,
+    resolve_model: Callable[[], Path],
+    label: str,
+    *,
+    text: Path | None = None,
+    ctx: int = perplexity.DEFAULT_CTX,
+    chunks: int = perplexity.DEFAULT_CHUNKS,
+    timeout: float = 900,
+    route: str | None = None,
+) -> dict[str, Any]:
+    """Run llama-perplexity in a guest of ``stack`` and record it; the result as data. Every check
+    comes before ``resolve_model`` (which may download) and before any guest starts."""
+    catalog.check_gpu(stack, gpu)  # no silent CPU fallback, before anything else
+    catalog.check_route(stack, route)
+    perplexity.check_numbers(ctx, chunks)
+    perplexity.check_tool(stack, pins_mod.default().debian.get("tool_packages", {}))
+    text_path = check_text(text)
+    model = resolve_model()
+    command = perplexity.guest_command(stack, gpu, f"{vmdisk.MODEL_MOUNT}/{perplexity.TEXT_NAME}", ctx, chunks)
+    res, out, err = linux.capture_run(
+        linux.backend(), stack, gpu, model, command, timeout, model_extras={perplexity.TEXT_NAME: text_path}
+    )
+    if res.exit_status != 0:
+        short = perplexity.too_short(out + err)  # the user's to fix (a longer text), not a guest failure
+        if short is not None:
+            raise short
+        raise VmFailed(f"{perplexity.TOOL} in the {stack.name} guest exited {res.exit_status}: "
+                       f"{(out + err).strip()[-800:]}", fix=f"see {res.run_dir}")  # fmt: skip
+    estimate = perplexity.parse(out + err)
+    extra = {"text": str(text_path), "text_sha256": host_history.file_sha256(text_path), "ctx": ctx,
+             "chunks": chunks, "accel": res.accel, "guest_wall_s": round(res.wall_s, 1)}  # fmt: skip
+    record = host_history.record_perplexity(stack, gpu, model, label, (estimate.ppl, estimate.error), out + err, extra)
+    return {"stack": stack.name, "gpu": gpu, "where": perplexity.where(stack, gpu), "model": label,
+            "ppl": estimate.ppl, "error": estimate.error, **extra, "run_dir": str(res.run_dir),
+            "history": {"id": record.id, "file": str(host_history.path())}}  # fmt: skip
