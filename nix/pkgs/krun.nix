@@ -77,7 +77,12 @@ let
 
     nativeBuildInputs = [ makeWrapper ];
 
-    postBuild = lib.optionalString (withKrunkit && apir) ''
+    # share/krun-gpu/route tells `provision launch/doctor` which virglrenderer this bundle carries.
+    postBuild = ''
+      mkdir -p $out/share/krun-gpu
+      echo ${route} > $out/share/krun-gpu/route
+    ''
+    + lib.optionalString (withKrunkit && apir) ''
       wrapProgram $out/bin/krunkit ${wrapperArgs}
     '';
 

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
     if args.dry_run:
         env = dict(os.environ)
-        b = bundle_mod.locate(args.krun, env=env)
+        b = bundle_mod.locate(args.krun, env=env, route=request.route)
         # Off macOS (or without podman) the machine cannot be asked: plan as for a new one.
         machine = observe_machine(request.machine, env) if sys.platform == "darwin" and shutil.which("podman") else None
         plan = plan_launch(

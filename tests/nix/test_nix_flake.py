@@ -317,7 +317,9 @@ def test_krun_venus_bundle_carries_no_apir_setting_and_the_krunkit_virglrenderer
         "p: { env = p.env; post = p.drvAttrs.postBuild; paths = p.drvAttrs.paths; route = p.route;"
         " virgl = p.virglrenderer.outPath; script = p.krun-env.drvAttrs.text; }",
     )
-    assert krun["route"] == "venus" and krun["env"] == {} and krun["post"] == ""
+    assert krun["route"] == "venus" and krun["env"] == {} and "wrapProgram" not in krun["post"]
+    # provision launch/doctor read which virglrenderer the bundle carries from this file
+    assert "echo venus > $out/share/krun-gpu/route" in krun["post"]
     assert "export" not in krun["script"].split("\n", 2)[-1]  # krun-env prints nothing to set
     venus = nix.eval(f"packages.{DARWIN}.virglrenderer-venus.outPath")
     assert krun["virgl"] == venus and venus in krun["paths"]
@@ -338,7 +340,8 @@ def test_krun_apir_wrapper_defaults_point_at_the_backend_store_paths(nix: Nix) -
         "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": f"{ggml}/lib/libggml-metal.dylib",
         "APIR_LLAMA_CPP_GGML_LIBRARY_REG": "ggml_backend_metal_reg",
     }
-    assert krun["post"].startswith("wrapProgram $out/bin/krunkit ")
+    assert "wrapProgram $out/bin/krunkit " in krun["post"]
+    assert "echo apir > $out/share/krun-gpu/route" in krun["post"]
     for name, value in krun["env"].items():
         assert f"--set-default {name} {value}" in krun["post"]
         assert f"echo 'export {name}={value}'" in krun["script"]
@@ -354,7 +357,7 @@ def test_krun_apir_wrapper_defaults_point_at_the_backend_store_paths(nix: Nix) -
 def test_krun_on_linux_has_no_krunkit_but_exports_vulkan(nix: Nix) -> None:
     ggml = nix.eval(f"packages.{LINUX}.ggml-virtgpu-backend.outPath")
     krun = nix.eval(f"packages.{LINUX}.krun", "p: { env = p.env; post = p.drvAttrs.postBuild; k = p.krunkit; }")
-    assert krun["post"] == "" and krun["k"] is None
+    assert "wrapProgram" not in krun["post"] and krun["k"] is None
     assert krun["env"]["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"] == f"{ggml}/lib/libggml-vulkan.so"
     assert krun["env"]["APIR_LLAMA_CPP_GGML_LIBRARY_REG"] == "ggml_backend_vk_reg"
 

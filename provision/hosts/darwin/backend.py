@@ -98,7 +98,7 @@ class DarwinBackend:
 
     def plan(self, request: LaunchRequest, *, env: dict[str, str] | None = None) -> tuple[LaunchPlan, KrunBundle]:
         env = dict(os.environ) if env is None else env
-        b = bundle_mod.locate(self.krun, env=env)
+        b = bundle_mod.locate(self.krun, env=env, route=request.route)
         machine = observe_machine(request.machine, env)
         plan = plan_launch(
             request,
