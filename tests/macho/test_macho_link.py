@@ -197,3 +197,42 @@ def test_camouflage_8c349fc0_as_pinned_fails_on_exactly_the_egg_virgl_symbols() 
     assert result["link_rc"] != 0
     assert result["undefined"] == EGG, result
     assert any("not a Mach-O" in p for p in result["problems"]), result["problems"]
+
+
+# --- calls under __APPLE__: defined in the tree, libSystem, Vulkan or what the tree links -----
+
+
+def test_apple_regions_are_the_true_branches_only(tmp_path: Path) -> None:
+    from macho_link import apple_calls
+
+    (tmp_path / "a.c").write_text(
+        "#ifdef __APPLE__\nmissing_a();\n#else\nmissing_linux();\n#endif\n"
+        "#ifndef __APPLE__\nmissing_b();\n#endif\n"
+        "#if defined(__linux__)\nx();\n#elif defined(__APPLE__)\nmissing_c(); nanosleep(0, 0); vk->MapMemory(0);\n"
+        '/* missing_comment(); */ puts("missing_string()");\n#endif\n'
+        "static void defined_here(void) {}\n#ifdef __APPLE__\ndefined_here();\n#endif\n"
+    )
+    found = [(c.line, c.name) for c in apple_calls.undefined_apple_calls(tmp_path, [])]
+    assert found == [(2, "missing_a"), (12, "missing_c")]
+
+
+def test_camouflage_calls_four_functions_under_apple_that_nothing_defines(tmp_path: Path) -> None:
+    from macho_link import apple_calls
+
+    pin = trees.pin_of("virglrenderer-apir-darwin")
+    src = trees.unpack(tarball("virglrenderer-apir-darwin"), tmp_path, pin["hash"])
+    trees.apply_patches(src, pin["patches"], tmp_path / "log")
+    undefined = apple_calls.undefined_apple_calls(src, [toolchain.HEADER_DIRS["epoxy"]])
+    assert sorted({c.name for c in undefined}) == EGG
+    assert {c.file for c in undefined} == {"src/venus/vkr_image.c", "src/venus/vkr_device_memory.c"}
+
+
+def test_our_darwin_tree_calls_only_what_is_defined(tmp_path: Path) -> None:
+    from macho_link import apple_calls
+
+    pin = trees.pin_of("virglrenderer-apir-macos")
+    src = trees.unpack(tarball("virglrenderer-apir-macos"), tmp_path, pin["hash"])
+    trees.apply_patches(src, pin["patches"], tmp_path / "log")
+    calls = {c.name for c in apple_calls.apple_calls(src)}
+    assert {"nanosleep", "open", "dlopen"} <= calls, "the reading found none of our patches' macOS calls"
+    assert apple_calls.undefined_apple_calls(src, [toolchain.HEADER_DIRS["epoxy"]]) == []
