@@ -100,3 +100,11 @@ def test_doctor_says_which_virglrenderer_is_in_force(home: Path) -> None:
     assert mismatch.fix and "--route apir" in mismatch.fix
     venus.virglrenderer.unlink()
     assert check_virglrenderer_in_force(venus, None).status == "fail"
+
+
+def test_the_venus_bundle_is_not_reported_as_an_apir_bundle_missing_pieces(home: Path) -> None:
+    from provision.hosts.darwin.podman_checks import check_apir_bundle
+
+    venus = check_apir_bundle(bundle_mod.KrunBundle(home / ".nix-profile"))
+    assert venus.status == "skip" and ".#krun-apir" in venus.evidence
+    assert check_apir_bundle(bundle_mod.KrunBundle(home / ".local/state/nix/profiles/krun-apir")).status == "ok"
