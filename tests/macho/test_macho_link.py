@@ -236,3 +236,15 @@ def test_our_darwin_tree_calls_only_what_is_defined(tmp_path: Path) -> None:
     calls = {c.name for c in apple_calls.apple_calls(src)}
     assert {"nanosleep", "open", "dlopen"} <= calls, "the reading found none of our patches' macOS calls"
     assert apple_calls.undefined_apple_calls(src, [toolchain.HEADER_DIRS["epoxy"]]) == []
+
+
+@pytest.mark.slow
+def test_ggml_virtgpu_backend_and_base_link_as_mach_o_with_the_apir_plugin_abi() -> None:
+    from macho_link import ggml
+
+    result = ggml.cached_check(UPSTREAM, cache())
+    assert result["problems"] == [], result
+    assert result["build_rc"] == 0
+    assert result["plugin_symbols"] == ["apir_backend_deinit", "apir_backend_dispatcher", "apir_backend_initialize"]
+    assert result["missing_plugin_symbols"] == []
+    assert result["patches"] == [ggml.PATCH]

@@ -145,6 +145,23 @@ def test_darwin_apir_virglrenderer_is_the_tree_checks_macho_link_links(nix: Nix,
     assert "/lib/libMoltenVK.dylib" in attrs["post"]
 
 
+def test_ggml_cross_build_of_checks_macho_link_uses_the_darwin_recipes_flags(nix: Nix) -> None:
+    """checks/macho-link builds ggml with the Nix recipe's cmake flags, Metal off (no Apple frameworks)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "checks"))
+    from macho_link import ggml
+
+    flags = [
+        f
+        for f in nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.cmakeFlags")
+        if not f.startswith(("-DCMAKE_", "-DGGML_METAL_EMBED_LIBRARY"))
+    ]
+    assert [f.replace("GGML_METAL:BOOL=TRUE", "GGML_METAL:BOOL=FALSE") for f in flags] == list(ggml.CMAKE_FLAGS)
+    patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
+    assert [store_basename(p) for p in patches] == [Path(ggml.PATCH).name]
+
+
 def test_libkrun_make_flags_and_no_sysroot_download(nix: Nix) -> None:
     for system in (DARWIN, LINUX):
         flags = nix.eval(f"packages.{system}.libkrun.drvAttrs.makeFlags")
