@@ -42,8 +42,11 @@
             default = pkgs.krun;
           };
           darwinOnly = {
-            inherit (pkgs) virglrenderer-venus moltenvk;
+            inherit (pkgs) virglrenderer-venus moltenvk krun-apir;
             krunkit = pkgs.krunkit-gpu;
+            # the APIR route's own libkrun/krunkit pair (virglrenderer-apir); .#krun is Venus
+            libkrun-apir = pkgs.libkrun-gpu-apir;
+            krunkit-apir = pkgs.krunkit-gpu-apir;
           };
         in
         common // lib.optionalAttrs pkgs.stdenv.hostPlatform.isDarwin darwinOnly;
@@ -95,8 +98,9 @@
           default = app pkgs.krun.krun-env "krun-env";
         }
         // lib.optionalAttrs pkgs.stdenv.hostPlatform.isDarwin {
-          # The wrapped krunkit of the bundle, with the APIR defaults.
+          # krunkit of the Venus bundle; krunkit-apir is the APIR bundle's, wrapped with its defaults.
           krunkit = app pkgs.krun "krunkit";
+          krunkit-apir = app pkgs.krun-apir "krunkit";
           default = app pkgs.krun "krunkit";
         }
       );

@@ -6,7 +6,7 @@ file to the nixpkgs commit it was read from. Every fact carries tree, rev, file 
 
   .venv/bin/python checks/upstream-facts \\
       --libkrun CLONE[@REV] --krunkit CLONE[@REV] \\
-      --virglrenderer-apir CLONE --virglrenderer-apir-darwin CLONE \\
+      --virglrenderer-apir CLONE --virglrenderer-apir-darwin CLONE --virglrenderer-apir-macos CLONE \\
       --virglrenderer-venus CLONE@REV --nixpkgs FOLDER [--check]
 
 A tree is read at the rev (or tag) that provision/data/pins.json pins. When the clone lacks it,
@@ -34,7 +34,7 @@ PINS = REPO / "provision" / "data" / "pins.json"
 OUT = REPO / "nix" / "facts" / "upstream.json"
 STUB_ARGS = REPO / "nix" / "tests" / "stub-nixpkgs" / "facts.json"
 
-VIRGL_TREES = ("virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-venus")
+VIRGL_TREES = ("virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-apir-macos", "virglrenderer-venus")
 
 
 def collect(args: argparse.Namespace, pins: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -83,6 +83,11 @@ in
       (lib.cmakeBool "LLAMA_BUILD_TOOLS" false)
       (lib.cmakeBool "LLAMA_BUILD_SERVER" false)
       (lib.cmakeBool "LLAMA_OPENSSL" false)
+      # As the Linux recipe (provision/apir/ggml.py): a standalone tree turns these on by default,
+      # and on Apple GGML_BLAS defaults ON and fails configure without Accelerate; none is needed.
+      (lib.cmakeBool "GGML_BLAS" false)
+      (lib.cmakeBool "LLAMA_BUILD_COMMON" false)
+      (lib.cmakeBool "LLAMA_BUILD_APP" false)
     ];
 
   # What virglrenderer's APIR loader reads (src/apir/apir-context.c): the APIR backend library,

@@ -164,6 +164,9 @@ lib.runTests {
       "-DLLAMA_BUILD_TOOLS:BOOL=FALSE"
       "-DLLAMA_BUILD_SERVER:BOOL=FALSE"
       "-DLLAMA_OPENSSL:BOOL=FALSE"
+      "-DGGML_BLAS:BOOL=FALSE"
+      "-DLLAMA_BUILD_COMMON:BOOL=FALSE"
+      "-DLLAMA_BUILD_APP:BOOL=FALSE"
     ];
   };
   testGgmlVulkanTurnsOnlyVulkanOn = {

@@ -45,9 +45,9 @@ in
 {
   inherit series;
 
-  # The 1.3 APIR tree with vulkan-dload on dlopens $VMKIT_MOLTENVK_PATH, libvulkan names, then the
-  # bare "libMoltenVK.dylib" (src/venus/vkr_library.c; nix/facts/upstream.json strings.dlopen), which
-  # nothing in a Nix profile puts on dyld's search path: point that last name at the store.
+  # The darwin APIR tree with vulkan-dload on dlopens "libMoltenVK.dylib" first (our patch 0003,
+  # src/venus/vkr_library.c), a bare name nothing in a Nix profile puts on dyld's search path:
+  # point it at the store.
   moltenvkDlopenRule = libMoltenVK: {
     file = "src/venus/vkr_library.c";
     from = ''"libMoltenVK.dylib"'';

@@ -38,6 +38,10 @@ effectiveStdenv.mkDerivation (finalAttrs: {
 
   src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } "llama-cpp" pin;
 
+  # The host-side fix the Linux route applies (provision/apir/loopback.py HOST_PATCHES): buffers
+  # are freed through ggml, so a backend buffer without free_buffer neither leaks nor kills the worker.
+  patches = [ ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch ];
+
   nativeBuildInputs = [
     cmake
     ninja

@@ -1,5 +1,7 @@
 # The `nix profile add .#krun` target: everything the host side of krun-gpu needs in one profile
-# entry. On macOS krunkit is wrapped so virglrenderer's APIR loader finds the ggml backend by
+# entry. route "venus" (macOS default): krunkit linked to the krunkit virglrenderer, no APIR
+# settings at all (VIRGL_ROUTE_VENUS_TO_APIR would break Venus for the whole VM). route "apir"
+# (.#krun-apir on macOS, .#krun on Linux): the APIR virglrenderer and ggml backend; krunkit is wrapped so virglrenderer's APIR loader finds the ggml backend by
 # default (--set-default: a caller's own value still wins); no DYLD_LIBRARY_PATH, which macOS
 # strips for protected processes and which would not survive ssh anyway. `krun-env` prints the
 # same settings as shell exports for launchers that start a VMM themselves (QEMU on Linux).
@@ -12,11 +14,18 @@
   runCommand,
   ggml-virtgpu-backend,
   virglrenderer-apir,
+  virglrenderer-venus ? null,
   krunkit-gpu,
   withKrunkit ? stdenv.hostPlatform.isDarwin,
+  route ? "apir",
 }:
+assert lib.assertMsg (lib.elem route [
+  "venus"
+  "apir"
+]) "krun-gpu: krun route must be \"venus\" or \"apir\", not ${route}";
 let
-  env = ggml-virtgpu-backend.runtimeEnv;
+  apir = route == "apir";
+  env = if apir then ggml-virtgpu-backend.runtimeEnv else { };
   names = lib.attrNames env;
 
   krun-env = writeShellScriptBin "krun-env" ''
@@ -52,28 +61,44 @@ let
     );
 
   bundle = symlinkJoin {
-    name = "krun";
-    paths = [
-      ggml-virtgpu-backend
-      virglrenderer-apir
-      krun-env
-    ]
-    ++ lib.optional withKrunkit krunkit-gpu;
+    name = if apir then "krun" else "krun-venus";
+    paths =
+      (
+        if apir then
+          [
+            ggml-virtgpu-backend
+            virglrenderer-apir
+          ]
+        else
+          [ krunkit-gpu.libkrun.virglrenderer ]
+      )
+      ++ [ krun-env ]
+      ++ lib.optional withKrunkit krunkit-gpu;
 
     nativeBuildInputs = [ makeWrapper ];
 
-    postBuild = lib.optionalString withKrunkit ''
+    # share/krun-gpu/route tells `provision launch/doctor` which virglrenderer this bundle carries.
+    postBuild = ''
+      mkdir -p $out/share/krun-gpu
+      echo ${route} > $out/share/krun-gpu/route
+    ''
+    + lib.optionalString (withKrunkit && apir) ''
       wrapProgram $out/bin/krunkit ${wrapperArgs}
     '';
 
     passthru = {
-      inherit env krun-env;
+      inherit env krun-env route;
+      virglrenderer = if apir then virglrenderer-apir else krunkit-gpu.libkrun.virglrenderer;
       krunkit = if withKrunkit then krunkit-gpu else null;
       tests.wrapperEnv = wrapperTest bundle;
     };
 
     meta = {
-      description = "krun-gpu host bundle: krunkit (macOS), virglrenderer with APIR, the ggml APIR backend, krun-env";
+      description =
+        if apir then
+          "krun-gpu host bundle, APIR route: krunkit (macOS), virglrenderer with APIR, the ggml APIR backend, krun-env"
+        else
+          "krun-gpu host bundle, Venus route: krunkit linked to the krunkit virglrenderer (MoltenVK)";
       mainProgram = if withKrunkit then "krunkit" else "krun-env";
       platforms = lib.platforms.darwin ++ lib.platforms.linux;
     };

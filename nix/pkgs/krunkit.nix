@@ -64,9 +64,15 @@ stdenv.mkDerivation (finalAttrs: {
 
   makeFlags = [ "PREFIX=${placeholder "out"}" ];
 
+  # The Makefile's release step (install_name_tool, codesign) runs once, in the build phase: its
+  # `install` target depends on it again, and a later Makefile's `-add_rpath` fails on a second run
+  # ("would duplicate path"). So install the signed binary as is.
   # krunkit looks for its firmware at <exe>/../share/krunkit/ (src/context.rs).
-  postInstall = ''
+  installPhase = ''
+    runHook preInstall
+    install -Dm755 target/release/krunkit "$out/bin/krunkit"
     install -Dm444 edk2/KRUN_EFI.silent.fd "$out/${pin.firmware}"
+    runHook postInstall
   '';
 
   # Stripping would drop the entitlements codesign attached.

@@ -22,6 +22,8 @@
   virglrenderer,
   krunLib,
   pin,
+  # "venus": linked to the krunkit virglrenderer (macOS default); "apir": to the APIR tree.
+  variant ? "venus",
 }:
 let
   features = {
@@ -88,7 +90,7 @@ let
   ];
 
   darwin = stdenv.mkDerivation (finalAttrs: {
-    pname = "libkrun-gpu";
+    pname = if variant == "apir" then "libkrun-gpu-apir" else "libkrun-gpu";
     inherit (pin) version;
     inherit src;
 
@@ -129,7 +131,7 @@ let
     env.KRUN_INIT_BINARY_PATH = "${initBinary}/init";
 
     passthru = {
-      inherit initBinary virglrenderer makefileRules;
+      inherit initBinary virglrenderer makefileRules variant;
       tests = {
         exports = exportsTest finalAttrs.finalPackage;
         # fixDarwinDylibNames must have replaced the bare "libkrun.1.dylib" install name.

@@ -1,7 +1,8 @@
-# virglrenderer with API Remoting (APIR) and Venus. Linux builds the MR 1590 head (1.2.0 + the
-# APIR commits); macOS builds a 1.3.0-based tree that also carries the macOS APIR adaptation
-# commits, which the MR head lacks (docs/nix.md). The meson flag list follows each tree's options;
-# the pin's `patches` (ours, checked against the tree by checks/upstream-facts) are applied.
+# virglrenderer with API Remoting (APIR) and Venus: the MR 1590 head (1.2.0 + the APIR commits) on
+# both systems. Linux adds upstream's C23/glibc 2.43 fixes; macOS our darwin series
+# (patches/virglrenderer/darwin: builds on macOS, libkrun's macOS blob ABI, MoltenVK first), which
+# checks/macho-link cross-builds and links as arm64 Mach-O in CI (docs/nix.md). The meson flag list
+# follows the tree's options; the pin's `patches` are applied.
 {
   lib,
   stdenv,
@@ -35,11 +36,11 @@ stdenv.mkDerivation (finalAttrs: {
 
   src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } pinName pin;
 
-  # Linux: upstream's C23/glibc 2.43 build fixes the MR head lacks. macOS: the
-  # virgl_renderer_resource_get_map_ptr that libkrun's rutabaga_gfx calls there.
+  # Linux: upstream's C23/glibc 2.43 build fixes the MR head lacks. macOS: the darwin series.
   patches = map (p: ../.. + "/${p}") (pin.patches or [ ]);
 
-  # macOS: libvulkan is dlopened (vulkan-dload); make its MoltenVK fallback an absolute store path.
+  # macOS: Vulkan is dlopened (vulkan-dload); patch 0003 tries "libMoltenVK.dylib" first, which this
+  # makes the store MoltenVK, so a Vulkan loader elsewhere on dyld's path cannot win.
   postPatch = lib.optionalString isDarwin ''
     substituteInPlace ${dlopenRule.file} --replace-fail ${lib.escapeShellArg dlopenRule.from} ${lib.escapeShellArg dlopenRule.to}
   '';
@@ -91,6 +92,7 @@ stdenv.mkDerivation (finalAttrs: {
       ''
       + lib.optionalString isDarwin ''
         $NM -g "$lib" | grep -q virgl_renderer_resource_get_map_ptr
+        grep -q 'VIRGL_RENDERER_BLOB_FD_TYPE_APPLE *0x0004' ${finalAttrs.finalPackage}/include/virgl/virglrenderer.h
         grep -qaF ${lib.escapeShellArg libMoltenVK} "$lib"
         test -e ${lib.escapeShellArg libMoltenVK}
       ''

@@ -31,6 +31,8 @@ from .nix_facts import (
 )
 from .nix_helpers import DARWIN, LINUX, STUB, Nix, copy_flake
 
+VIRGL_TREES = ("virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-apir-macos", "virglrenderer-venus")
+
 HOST = {DARWIN: "darwin", LINUX: "linux"}
 RUST_OS = {DARWIN: "macos", LINUX: "linux"}
 # pkg-config names -> the nixpkgs attribute that ships the .pc file (None: meson's built-in).
@@ -100,7 +102,7 @@ def test_every_patch_a_pin_lists_applies_to_its_pinned_tree() -> None:
             entry = next(p for p in facts()["patches"][name]["patches"] if p["patch"] == rel)
             assert entry["applies"] and entry["rev"] == pin["rev"], rel
             assert entry["sha256"] == sha256(REPO / rel), f"{rel} changed since checks/upstream-facts ran"
-    assert listed == 3
+    assert listed == 6
 
 
 # --- item 3: CI checks against the facts -----------------------------------------------------
@@ -143,18 +145,23 @@ def test_meson_dependencies_our_flags_switch_on_are_build_inputs(nix: Nix, syste
     assert not missing, f"{package} on {system} (buildInputs {sorted(inputs)}): {missing}"
 
 
-@pytest.mark.parametrize("system", [DARWIN, LINUX])
+@pytest.mark.parametrize(
+    ("system", "libkrun", "virgl"),
+    [(DARWIN, "libkrun", "virglrenderer-venus"), (DARWIN, "libkrun-apir", "virglrenderer-apir"),
+     (LINUX, "libkrun", "virglrenderer-apir")],
+)  # fmt: skip
 def test_every_virgl_function_our_libkrun_calls_is_exported_by_the_virglrenderer_it_links(
-    nix: Nix, system: str
+    nix: Nix, system: str, libkrun: str, virgl: str
 ) -> None:
-    """Defect 1: rutabaga_gfx calls virgl_renderer_resource_get_map_ptr on macOS; the darwin APIR tree
-    does not define it, our patch adds it."""
-    libkrun_inputs = nix.eval(f"packages.{system}.libkrun.drvAttrs.buildInputs")
-    apir = nix.eval(f"packages.{system}.virglrenderer-apir.outPath")
-    assert apir in libkrun_inputs, "libkrun does not link our virglrenderer-apir"
-    tree_name = virgl_tree(nix, system, "virglrenderer-apir")
+    """Defect 1: rutabaga_gfx calls virgl_renderer_resource_get_map_ptr on macOS; the MR 1590 tree
+    does not define it, our darwin patch adds it. .#krun's libkrun links the krunkit tree, the APIR
+    variant's the patched APIR tree."""
+    libkrun_inputs = nix.eval(f"packages.{system}.{libkrun}.drvAttrs.buildInputs")
+    linked = nix.eval(f"packages.{system}.{virgl}.outPath")
+    assert linked in libkrun_inputs, f"{libkrun} does not link our {virgl}"
+    tree_name = virgl_tree(nix, system, virgl)
     tree = facts()["virglrenderer"][tree_name]
-    applied = patch_names(nix, system, "virglrenderer-apir")
+    applied = patch_names(nix, system, virgl)
     recorded = applied_patch_facts(tree_name, applied)
     exported = {f["name"] for f in tree["functions"]}
     if applied:
@@ -326,7 +333,7 @@ def test_krunkit_is_ours_and_evaluates_whatever_shape_nixpkgs_krunkit_has(nix: N
 def test_upstream_facts_refuses_a_folder_that_is_not_a_clone(tmp_path: Path) -> None:
     script = REPO / "checks" / "upstream-facts"
     args = [str(script)]
-    for name in ("libkrun", "krunkit", "virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-venus"):
+    for name in ("libkrun", "krunkit", *VIRGL_TREES):
         args += [f"--{name}", str(tmp_path)]
     args += ["--nixpkgs", str(tmp_path), "--out", str(tmp_path / "o.json"), "--stub-out", str(tmp_path / "s.json")]
     proc = subprocess.run(["python3", *args], capture_output=True, text=True, timeout=60)
@@ -342,7 +349,7 @@ def test_upstream_facts_refuses_a_clone_without_the_pin_unless_told_what_to_read
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
     args = ["python3", str(REPO / "checks" / "upstream-facts")]
-    for name in ("libkrun", "krunkit", "virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-venus"):
+    for name in ("libkrun", "krunkit", *VIRGL_TREES):
         args += [f"--{name}", str(clone)]
     args += ["--nixpkgs", str(tmp_path), "--out", str(tmp_path / "o.json"), "--stub-out", str(tmp_path / "s.json")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60)

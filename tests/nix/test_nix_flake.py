@@ -13,6 +13,7 @@ import pytest
 
 from provision.core import pins as pins_mod
 
+from .nix_facts import store_basename
 from .nix_helpers import DARWIN, LINUX, REPO, Nix, copy_flake, require
 
 FAKE_HASH = "sha256-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
@@ -71,6 +72,7 @@ def test_flake_show_lists_darwin_first_packages_and_linux_subset(nix: Nix) -> No
     assert darwin == {
         "default", "krun", "krunkit", "libkrun", "moltenvk", "virglrenderer-apir",
         "virglrenderer-venus", "ggml-virtgpu-backend", "provision",
+        "krun-apir", "libkrun-apir", "krunkit-apir",
     }  # fmt: skip
     # krunkit, Metal and MoltenVK exist only on macOS.
     assert linux == {"default", "krun", "libkrun", "virglrenderer-apir", "ggml-virtgpu-backend", "provision"}
@@ -78,7 +80,7 @@ def test_flake_show_lists_darwin_first_packages_and_linux_subset(nix: Nix) -> No
     for section in ("apps", "devShells", "checks", "formatter"):
         assert DARWIN in shown[section] and LINUX in shown[section], section
     assert "default" in shown["overlays"]
-    assert {"krunkit", "krun-env", "provision", "default"} <= set(shown["apps"][DARWIN])
+    assert {"krunkit", "krunkit-apir", "krun-env", "provision", "default"} <= set(shown["apps"][DARWIN])
     assert set(shown["apps"][LINUX]) == {"krun-env", "provision", "default"}
     assert "lib-tests" in shown["checks"][LINUX]
 
@@ -91,6 +93,8 @@ def test_krunkit_app_runs_the_wrapped_krunkit_of_the_bundle(nix: Nix) -> None:
     krun = nix.eval(f"packages.{DARWIN}.krun.outPath")
     assert nix.eval(f"apps.{DARWIN}.krunkit.program") == f"{krun}/bin/krunkit"
     assert nix.eval(f"apps.{DARWIN}.default.program") == f"{krun}/bin/krunkit"
+    krun_apir = nix.eval(f"packages.{DARWIN}.krun-apir.outPath")
+    assert nix.eval(f"apps.{DARWIN}.krunkit-apir.program") == f"{krun_apir}/bin/krunkit"
 
 
 def test_formatter_is_nixfmt_tree(nix: Nix) -> None:
@@ -106,7 +110,7 @@ def test_virglrenderer_meson_flags_per_platform(nix: Nix) -> None:
         "-Drender-server=false",
         "-Ddrm=disabled",
     ]
-    # 1.3.0-based darwin APIR tree: no drm, no render-server; Vulkan dlopened (MoltenVK by store
+    # darwin APIR tree (MR 1590 head + our darwin patches): Vulkan dlopened (MoltenVK by store
     # path), since vulkan-dload=false would need a vulkan.pc that nixpkgs' moltenvk lacks.
     assert nix.eval(f"packages.{DARWIN}.virglrenderer-apir.drvAttrs.mesonFlags") == [
         "-Dvenus=true",
@@ -115,6 +119,47 @@ def test_virglrenderer_meson_flags_per_platform(nix: Nix) -> None:
     ]
     # MR 1590 head (1.2.0): no drm option; render-server deprecated, so not passed.
     assert nix.eval(f"packages.{LINUX}.virglrenderer-apir.drvAttrs.mesonFlags") == ["-Dvenus=true", "-Dapir=true"]
+
+
+def test_darwin_apir_virglrenderer_is_the_tree_checks_macho_link_links(nix: Nix, pins: pins_mod.Pins) -> None:
+    """The APIR variant's virglrenderer is built from the pin, patches and meson flags that
+    checks/macho-link cross-builds and checks as Mach-O (tests/macho)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "checks"))
+    from macho_link import trees
+
+    attrs = nix.eval(
+        f"packages.{DARWIN}.virglrenderer-apir",
+        "p: { pin = p.pinName; flags = p.drvAttrs.mesonFlags; patches = p.drvAttrs.patches;"
+        " post = p.drvAttrs.postPatch; }",
+    )
+    assert attrs["pin"] == "virglrenderer-apir-macos"
+    spec = trees.DARWIN_TREES[attrs["pin"]]
+    assert attrs["flags"] == list(spec.meson_flags)
+    pin = pins.source(attrs["pin"])
+    assert [store_basename(p) for p in attrs["patches"]] == [Path(p).name for p in pin.attrs["patches"]]
+    # the store MoltenVK replaces the name patch 0003 dlopens first
+    assert "--replace-fail src/venus/vkr_library.c" not in attrs["post"]
+    assert "substituteInPlace src/venus/vkr_library.c --replace-fail '\"libMoltenVK.dylib\"'" in attrs["post"]
+    assert "/lib/libMoltenVK.dylib" in attrs["post"]
+
+
+def test_ggml_cross_build_of_checks_macho_link_uses_the_darwin_recipes_flags(nix: Nix) -> None:
+    """checks/macho-link builds ggml with the Nix recipe's cmake flags, Metal off (no Apple frameworks)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "checks"))
+    from macho_link import ggml
+
+    flags = [
+        f
+        for f in nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.cmakeFlags")
+        if not f.startswith(("-DCMAKE_", "-DGGML_METAL_EMBED_LIBRARY"))
+    ]
+    assert [f.replace("GGML_METAL:BOOL=TRUE", "GGML_METAL:BOOL=FALSE") for f in flags] == list(ggml.CMAKE_FLAGS)
+    patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
+    assert [store_basename(p) for p in patches] == [Path(ggml.PATCH).name]
 
 
 def test_libkrun_make_flags_and_no_sysroot_download(nix: Nix) -> None:
@@ -134,7 +179,12 @@ def test_libkrun_make_flags_and_no_sysroot_download(nix: Nix) -> None:
     assert "'$(LIBRARY_RELEASE_$(OS)):'" in darwin["postPatch"]
     assert "'mv target/release/libkrun.dylib target/release/$(KRUN_BASE_$(OS))'" in darwin["postPatch"]
     assert "fix-darwin-dylib-names-hook" in darwin["nbi"]
-    assert darwin["virgl"] == nix.eval(f"packages.{DARWIN}.virglrenderer-apir.outPath")
+    # .#krun's libkrun (Venus, the default route) links the krunkit virglrenderer; the APIR one is
+    # only in the APIR variant's libkrun.
+    assert darwin["virgl"] == nix.eval(f"packages.{DARWIN}.virglrenderer-venus.outPath")
+    apir = nix.eval(f"packages.{DARWIN}.libkrun-apir", "p: { v = p.virglrenderer.outPath; f = p.drvAttrs.makeFlags; }")
+    assert apir["v"] == nix.eval(f"packages.{DARWIN}.virglrenderer-apir.outPath")
+    assert apir["f"][1:] == ["BLK=1", "NET=1", "GPU=1"]
     linux_virgl = nix.eval(f"packages.{LINUX}.libkrun.drvAttrs.buildInputs")
     assert nix.eval(f"packages.{LINUX}.virglrenderer-apir.outPath") in linux_virgl
 
@@ -146,6 +196,12 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
         assert flag in flags
     assert "-DGGML_VULKAN:BOOL=FALSE" in flags and "-DGGML_CUDA:BOOL=FALSE" in flags
     assert darwin["ninjaFlags"] == ["ggml-virtgpu-backend", "ggml-metal"]
+    # review 2, items 5 and 8: no BLAS (Apple turns it on and fails without Accelerate), no common/app
+    # targets (as the Linux recipe), and the host-side patch 0003 applied as on Linux
+    for flag in ("-DGGML_BLAS:BOOL=FALSE", "-DLLAMA_BUILD_COMMON:BOOL=FALSE", "-DLLAMA_BUILD_APP:BOOL=FALSE"):
+        assert flag in flags
+    patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
+    assert [store_basename(p) for p in patches] == ["0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 
@@ -185,7 +241,7 @@ def test_ggml_backend_builds_the_guest_images_llama_cpp(nix: Nix, pins: pins_mod
 
 
 def test_sources_come_from_the_pins_file(nix: Nix, pins: pins_mod.Pins) -> None:
-    apir_darwin = pins.source("virglrenderer-apir-darwin")
+    apir_darwin = pins.source("virglrenderer-apir-macos")
     got = src_of(nix, DARWIN, "virglrenderer-apir")
     assert (got["owner"], got["rev"], got["hash"]) == (apir_darwin["owner"], apir_darwin["rev"], apir_darwin["hash"])
     apir = pins.source("virglrenderer-apir")
@@ -206,7 +262,8 @@ def test_sources_come_from_the_pins_file(nix: Nix, pins: pins_mod.Pins) -> None:
 def test_krunkit_is_linked_to_our_libkrun_with_firmware_where_it_looks(nix: Nix, pins: pins_mod.Pins) -> None:
     krunkit = nix.eval(
         f"packages.{DARWIN}.krunkit",
-        "p: { bi = p.drvAttrs.buildInputs; post = p.drvAttrs.postInstall; fw = p.firmware; out = p.outPath;"
+        "p: { bi = p.drvAttrs.buildInputs; post = p.drvAttrs.postInstall or null; fw = p.firmware; out = p.outPath;"
+        " install = p.drvAttrs.installPhase;"
         " strip = p.drvAttrs.dontStrip; patch = p.drvAttrs.postPatch; nbi = map (d: d.pname) p.nativeBuildInputs; }",
     )
     libkrun = nix.eval(f"packages.{DARWIN}.libkrun.outPath")
@@ -214,7 +271,11 @@ def test_krunkit_is_linked_to_our_libkrun_with_firmware_where_it_looks(nix: Nix,
     assert not any("libkrun-efi" in path for path in krunkit["bi"])
     firmware = pins.source("krunkit")["firmware"]
     assert krunkit["fw"] == f"{krunkit['out']}/{firmware}"
-    assert f'install -Dm444 edk2/KRUN_EFI.silent.fd "$out/{firmware}"' in krunkit["post"]
+    assert krunkit["post"] is None
+    assert f'install -Dm444 edk2/KRUN_EFI.silent.fd "$out/{firmware}"' in krunkit["install"]
+    # the Makefile's release step (install_name_tool, codesign) runs once: no `make install`
+    assert 'install -Dm755 target/release/krunkit "$out/bin/krunkit"' in krunkit["install"]
+    assert "make" not in krunkit["install"].replace("runHook", "")
     assert krunkit["strip"] is True  # codesign entitlements survive
     assert "sigtool" in krunkit["nbi"]
     # The Makefile's install_name_tool -change points libkrun.1.dylib at libkrun-gpu, not at $out.
@@ -254,7 +315,7 @@ def test_no_fake_or_empty_hash_and_every_sri_hash_is_pinned(nix: Nix, pins: pins
     expected = {pins.source("llama-cpp")["hash"]}
     if system == DARWIN:
         expected |= {
-            pins.source(n)["hash"] for n in ("krunkit", "libkrun", "virglrenderer-venus", "virglrenderer-apir-darwin")
+            pins.source(n)["hash"] for n in ("krunkit", "libkrun", "virglrenderer-venus", "virglrenderer-apir-macos")
         }
         # The cargo vendor hashes too: a krunkit/libkrun override that kept nixpkgs' cargoDeps would
         # leave the stub's hex hash here instead.
@@ -267,10 +328,27 @@ def test_no_fake_or_empty_hash_and_every_sri_hash_is_pinned(nix: Nix, pins: pins
 # --- the krun bundle -------------------------------------------------------------------------
 
 
-def test_krun_wrapper_defaults_point_at_the_backend_store_paths(nix: Nix) -> None:
-    ggml = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.outPath")
+def test_krun_venus_bundle_carries_no_apir_setting_and_the_krunkit_virglrenderer(nix: Nix) -> None:
     krun = nix.eval(
         f"packages.{DARWIN}.krun",
+        "p: { env = p.env; post = p.drvAttrs.postBuild; paths = p.drvAttrs.paths; route = p.route;"
+        " virgl = p.virglrenderer.outPath; script = p.krun-env.drvAttrs.text; }",
+    )
+    assert krun["route"] == "venus" and krun["env"] == {} and "wrapProgram" not in krun["post"]
+    # provision launch/doctor read which virglrenderer the bundle carries from this file
+    assert "echo venus > $out/share/krun-gpu/route" in krun["post"]
+    assert "export" not in krun["script"].split("\n", 2)[-1]  # krun-env prints nothing to set
+    venus = nix.eval(f"packages.{DARWIN}.virglrenderer-venus.outPath")
+    assert krun["virgl"] == venus and venus in krun["paths"]
+    assert nix.eval(f"packages.{DARWIN}.virglrenderer-apir.outPath") not in krun["paths"]
+    assert nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.outPath") not in krun["paths"]
+    assert nix.eval(f"packages.{DARWIN}.krunkit.outPath") in krun["paths"]
+
+
+def test_krun_apir_wrapper_defaults_point_at_the_backend_store_paths(nix: Nix) -> None:
+    ggml = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.outPath")
+    krun = nix.eval(
+        f"packages.{DARWIN}.krun-apir",
         "p: { env = p.env; post = p.drvAttrs.postBuild; paths = p.drvAttrs.paths;"
         " script = p.krun-env.drvAttrs.text; nbi = map (d: d.pname) p.nativeBuildInputs; }",
     )
@@ -279,20 +357,24 @@ def test_krun_wrapper_defaults_point_at_the_backend_store_paths(nix: Nix) -> Non
         "APIR_LLAMA_CPP_GGML_LIBRARY_PATH": f"{ggml}/lib/libggml-metal.dylib",
         "APIR_LLAMA_CPP_GGML_LIBRARY_REG": "ggml_backend_metal_reg",
     }
-    assert krun["post"].startswith("wrapProgram $out/bin/krunkit ")
+    assert "wrapProgram $out/bin/krunkit " in krun["post"]
+    assert "echo apir > $out/share/krun-gpu/route" in krun["post"]
     for name, value in krun["env"].items():
         assert f"--set-default {name} {value}" in krun["post"]
         assert f"echo 'export {name}={value}'" in krun["script"]
     assert "DYLD_LIBRARY_PATH" not in krun["post"] and "DYLD_LIBRARY_PATH" not in krun["script"]
     assert "make-shell-wrapper-hook" in krun["nbi"]
-    krunkit = nix.eval(f"packages.{DARWIN}.krunkit.outPath")
+    krunkit = nix.eval(f"packages.{DARWIN}.krunkit-apir.outPath")
     assert krunkit in krun["paths"] and ggml in krun["paths"]
+    assert nix.eval(f"packages.{DARWIN}.krunkit.outPath") not in krun["paths"]
+    libkrun = nix.eval(f"packages.{DARWIN}.libkrun-apir.outPath")
+    assert libkrun in nix.eval(f"packages.{DARWIN}.krunkit-apir.drvAttrs.buildInputs")
 
 
 def test_krun_on_linux_has_no_krunkit_but_exports_vulkan(nix: Nix) -> None:
     ggml = nix.eval(f"packages.{LINUX}.ggml-virtgpu-backend.outPath")
     krun = nix.eval(f"packages.{LINUX}.krun", "p: { env = p.env; post = p.drvAttrs.postBuild; k = p.krunkit; }")
-    assert krun["post"] == "" and krun["k"] is None
+    assert "wrapProgram" not in krun["post"] and krun["k"] is None
     assert krun["env"]["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"] == f"{ggml}/lib/libggml-vulkan.so"
     assert krun["env"]["APIR_LLAMA_CPP_GGML_LIBRARY_REG"] == "ggml_backend_vk_reg"
 

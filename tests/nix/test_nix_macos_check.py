@@ -107,3 +107,41 @@ def test_without_a_capture_it_needs_a_mac() -> None:
     assert platform.system() == "Linux"  # the suite runs on Debian; on a Mac this would build .#krun
     proc = run()
     assert proc.returncode == 2 and "needs macOS" in proc.stderr and "--replay" in proc.stderr
+
+
+def venus_capture(tmp_path: Path, *, with_apir: bool = False, wrapper_env: bool = False) -> Path:
+    """The fixture turned into the Venus bundle (.#krun): route file, bin/krunkit a symlink to the
+    store krunkit (no wrapper), a virglrenderer without APIR."""
+    data = json.loads((FIXTURE / "probe.json").read_text())
+    bundle = data["bundle"]
+    krunkit = data["realpath"][f"{bundle}/bin/.krunkit-wrapped"]
+    data["files"][f"{bundle}/share/krun-gpu/route"] = "venus\n"
+    data["files"][f"{bundle}/bin/krunkit"] = "export VIRGL_ROUTE_VENUS_TO_APIR=1\n" if wrapper_env else ""
+    data["realpath"][f"{bundle}/bin/krunkit"] = krunkit
+    strings = data["commands"]["strings-virglrenderer"]
+    if not with_apir:
+        strings["output"] = strings["output"].replace("VIRGL_APIR_BACKEND_LIBRARY\n", "")
+    folder = tmp_path / "venus"
+    folder.mkdir()
+    (folder / "probe.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_the_venus_bundle_is_checked_for_what_venus_needs(tmp_path: Path) -> None:
+    proc = run("--replay", str(venus_capture(tmp_path)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = report_lines(proc.stdout)
+    assert lines["Venus bundle sets no APIR variable"] == "PASS"
+    assert lines["virglrenderer is the krunkit one (no APIR)"] == "PASS"
+    assert not any(name.startswith(("wrapper default", "ggml")) for name in lines)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "failing"),
+    [({"with_apir": True}, "virglrenderer is the krunkit one (no APIR)"),
+     ({"wrapper_env": True}, "Venus bundle sets no APIR variable")],
+)  # fmt: skip
+def test_a_venus_bundle_carrying_apir_fails(tmp_path: Path, kwargs: dict, failing: str) -> None:
+    proc = run("--replay", str(venus_capture(tmp_path, **kwargs)))
+    assert proc.returncode == 1
+    assert report_lines(proc.stdout)[failing] == "FAIL"

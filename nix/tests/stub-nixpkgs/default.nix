@@ -234,6 +234,8 @@ let
         "plumbum"
         "filelock"
         "huggingface-hub" # provision.model_refs builds hf:// URLs with it
+        "requests" # the HTTP adapter
+        "argcomplete" # provision completion
         "pytest"
       ] (n: leaf "python3-${n}" { });
     in

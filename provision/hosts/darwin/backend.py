@@ -102,7 +102,7 @@ class DarwinBackend:
         """The launch plan. A dry run away from the Mac (``here=False``) or without podman plans as
         for a new machine; a launch without podman is E006."""
         env = dict(os.environ) if env is None else env
-        b = bundle_mod.locate(self.krun, env=env)
+        b = bundle_mod.locate(self.krun, env=env, route=request.route)
         ask = not dry_run or (here and shutil.which("podman") is not None)
         machine = observe_machine(request.machine, env) if ask else None
         plan = plan_launch(

@@ -32,12 +32,34 @@ from provision.hosts.darwin.podman_checks import (
 # --- bundle, firmware ---------------------------------------------------------------------
 
 
-def check_bundle(explicit: Path | None, env: dict[str, str], home: Path) -> tuple[Check, KrunBundle | None]:
+def check_bundle(
+    explicit: Path | None, env: dict[str, str], home: Path, route: str | None = None
+) -> tuple[Check, KrunBundle | None]:
     try:
-        b = bundle_mod.locate(explicit, env=env, home=home)
+        b = bundle_mod.locate(explicit, env=env, home=home, route=route)
     except KrunBundleMissing as exc:
         return Check("krun.bundle", "fail", exc.message, exc.fix), None
     return Check("krun.bundle", "ok", f"krunkit at {b.krunkit} -> {bundle_mod.real_executable(b.krunkit)}"), b
+
+
+def check_virglrenderer_in_force(b: KrunBundle, recorded_route: str | None) -> Check:
+    """Which virglrenderer krunkit of this bundle loads: the krunkit one (Venus) or the APIR one."""
+    lib = b.virglrenderer
+    real = lib.resolve() if lib.exists() else None
+    which = {"venus": "the krunkit virglrenderer (Venus on MoltenVK)", "apir": "the APIR virglrenderer"}.get(
+        b.route or "", "a bundle that names no route (built before the Venus/APIR split)"
+    )
+    evidence = f"{b.root} is the {b.route or 'unmarked'} bundle: {which}, {lib} -> {real or 'missing'}"
+    if real is None:
+        return Check("krun.virglrenderer-in-force", "fail", evidence, "rebuild the bundle: nix build .#krun")
+    if recorded_route and b.route and recorded_route != b.route:
+        return Check(
+            "krun.virglrenderer-in-force",
+            "fail",
+            evidence + f"; the machine was last launched on the {recorded_route} route",
+            f"provision launch --route {recorded_route} (it finds that route's bundle), or --route {b.route}",
+        )
+    return Check("krun.virglrenderer-in-force", "ok", evidence)
 
 
 def check_firmware(b: KrunBundle, krunkit: versions.Version | None, compat: dict[str, Any]) -> Check:
@@ -208,7 +230,8 @@ def check_loaded_virglrenderer(lsof_output: str | None, ours: Path) -> Check:
 def darwin_checks(ctx: DoctorContext) -> list[Check]:
     machine_name = ctx.machine or podman_machine.DEFAULT_MACHINE
     checks: list[Check] = []
-    c, b = check_bundle(ctx.krun, ctx.env, ctx.home)
+    # the bundle of the route the machine was last launched on: that is the virglrenderer in force
+    c, b = check_bundle(ctx.krun, ctx.env, ctx.home, machine_state.recorded_route(machine_name))
     checks.append(c)
     podman = shutil.which("podman", path=ctx.env.get("PATH"))
     pv_out = run_tool([podman, "--version"]) if podman else None
@@ -225,6 +248,7 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
         podman_v = None
     checks.append(check_provider(ctx.env, conf, podman_v))
     if b is not None:
+        checks.append(check_virglrenderer_in_force(b, machine_state.recorded_route(machine_name)))
         checks.append(check_firmware(b, kv, ctx.compat))
         checks += check_libkrun_symbols(
             dylib.probe_symbols(b.libkrun, [s for s, _ in versions.required_symbols(ctx.compat, kv)]),

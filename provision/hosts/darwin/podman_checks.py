@@ -155,13 +155,15 @@ def check_apir_env(env: dict[str, str], route: str | None) -> Check:
 
 
 def check_apir_bundle(b: KrunBundle) -> Check:
+    if b.route == "venus":
+        return Check("apir.bundle", "skip", f"{b.root} is the Venus bundle (.#krun); APIR has its own, .#krun-apir")
     missing = [p.name for p in (b.ggml_backend, b.ggml_metal) if not p.is_file()]
     if missing:
         return Check(
             "apir.bundle",
             "warn",
             f"bundle lacks {', '.join(missing)}: only the Venus route is available",
-            "install the full bundle (ggml-virtgpu-backend is part of .#krun)",
+            "install the APIR bundle: nix profile add --profile ~/.local/state/nix/profiles/krun-apir .#krun-apir",
         )
     return Check("apir.bundle", "ok", f"{b.ggml_backend.name} and {b.ggml_metal.name} present")
 

@@ -89,7 +89,7 @@ def test_bench_on_a_mac_is_wrong_platform_before_any_guest(tmp_path, monkeypatch
     code = cli.main(["bench", "llama-linux", "--model", str(model), "--out", str(tmp_path / "out"), "--json"])
     out, err = capsys.readouterr()
     assert code == errors.WrongPlatform.exit_status and err.startswith("E033: provision bench")
-    assert json.loads(out)["error"]["code"] == "E033" and json.loads(out)["command"] == "bench"
+    assert json.loads(out)["error"]["code"] == "E033" and json.loads(out)["command"] == "bench run"
     assert not (tmp_path / "out").exists()
 
 

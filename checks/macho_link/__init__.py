@@ -1,0 +1,1 @@
+"""Cross-building the darwin C libraries of the bundle to real Mach-O arm64 with zig (checks/macho-link)."""

@@ -1,0 +1,121 @@
+"""A pinned darwin tree from ../shared/upstream: unpacked, checked against its NAR hash, patched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PINS = REPO / "provision" / "data" / "pins.json"
+FACTS = REPO / "nix" / "facts" / "upstream.json"
+UPSTREAM = REPO.parent / "shared" / "upstream"
+
+
+class TreeError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class DarwinTree:
+    """A virglrenderer tree of the macOS bundle and the meson flags of its Nix recipe on aarch64-darwin
+    (tests/nix/test_macho_link.py compares them with `nix eval` of the recipe)."""
+
+    pin: str
+    meson_flags: tuple[str, ...]
+    target: str = "src/libvirglrenderer.1.dylib"
+    header: str = "src/virglrenderer.h"
+
+
+# Every darwin virglrenderer we pin or patch. virglrenderer-apir-darwin (CamouflageNetworks) is the
+# tree both Mac routes used before: kept pinned so the check can show it does not link.
+DARWIN_TREES = {
+    "virglrenderer-apir-macos": DarwinTree(
+        "virglrenderer-apir-macos", ("-Dvenus=true", "-Dapir=true", "-Dvulkan-dload=true")
+    ),
+    "virglrenderer-apir-darwin": DarwinTree(
+        "virglrenderer-apir-darwin", ("-Dvenus=true", "-Dapir=true", "-Dvulkan-dload=true")
+    ),
+}
+LIBKRUN_TARBALL = "libkrun-v1.19.0.tar.xz"
+LIBKRUN_NAR = "sha256-GzqEV89eZwS2T39iKBtFYPrDB/XB0O4lwurBRh7Z038="
+
+
+def pins() -> dict[str, Any]:
+    return json.loads(PINS.read_text())["sources"]
+
+
+def pin_of(name: str) -> dict[str, Any]:
+    sources = pins()
+    if name not in sources:
+        raise TreeError(f"no pin {name!r}\nfix: provision/data/pins.json, sources.{name}")
+    return sources[name]
+
+
+def nar_hash(path: Path) -> str:
+    proc = subprocess.run(
+        ["nix", "--extra-experimental-features", "nix-command", "hash", "path", "--sri", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise TreeError(f"nix hash path {path}: {proc.stderr.strip()}\nfix: apt-get install nix-bin")
+    return proc.stdout.strip()
+
+
+def unpack(tarball: Path, dest: Path, expected_nar: str) -> Path:
+    """The tarball's one folder under dest, refused unless its NAR hash is the pin's."""
+    if not tarball.is_file():
+        raise TreeError(f"{tarball} missing\nfix: pass --upstream DIR holding the pinned tarballs (../shared/upstream)")
+    dest.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(tarball) as tar:
+        tops = {m.name.split("/", 1)[0] for m in tar.getmembers()}
+        if len(tops) != 1:
+            raise TreeError(f"{tarball.name}: expected one top folder, found {sorted(tops)[:5]}")
+        tar.extractall(dest, filter="data")
+    tree = dest / tops.pop()
+    got = nar_hash(tree)
+    if got != expected_nar:
+        shutil.rmtree(tree)
+        raise TreeError(
+            f"{tarball.name}: NAR hash {got} is not the pin's {expected_nar}; refused\n"
+            "fix: use the tarball named in provision/data/pins.json (upstream_tarball), unmodified"
+        )
+    return tree
+
+
+def apply_patches(tree: Path, patches: list[str], log: Path) -> list[str]:
+    applied = []
+    for rel in patches:
+        patch = REPO / rel
+        with log.open("ab") as out:
+            out.write(f"$ patch -p1 --fuzz=0 < {rel}\n".encode())
+            out.flush()
+            proc = subprocess.run(
+                ["patch", "-p1", "--fuzz=0", "--forward", "--no-backup-if-mismatch", "-i", str(patch)],
+                cwd=tree,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        if proc.returncode != 0:
+            raise TreeError(f"{rel} does not apply to {tree.name} (see {log})\nfix: rebase the patch on the pinned rev")
+        applied.append(rel)
+    return applied
+
+
+# Bump when a change to this check changes what a build or its judgement is.
+CHECK_VERSION = 1
+
+
+def cache_key(tree: DarwinTree, pin: dict[str, Any], extra: str) -> str:
+    h = hashlib.sha256(
+        json.dumps({"v": CHECK_VERSION, "tree": tree.__dict__, "pin": pin, "extra": extra}, sort_keys=True).encode()
+    )
+    for rel in pin.get("patches", []):
+        h.update((REPO / rel).read_bytes())
+    return h.hexdigest()[:20]
