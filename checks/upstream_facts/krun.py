@@ -72,8 +72,11 @@ def section_applies(section: str, os: str) -> bool:
 
 def rust_calls(tree: Tree, file: str) -> list[dict[str, Any]]:
     """virgl_renderer_* calls with the cfg predicates around them (attribute scope by bracket depth)."""
-    calls, guards, pending = [], [], []
-    depth, attr, file_guard = 0, "", []
+    calls: list[dict[str, Any]] = []
+    guards: list[tuple[Any, int]] = []
+    pending: list[Any] = []
+    file_guard: list[Any] = []
+    depth, attr = 0, ""
     for n, raw in enumerate((tree.show(file) or "").splitlines(), 1):
         code = re.sub(r"//.*", "", raw)
         s = code.strip()

@@ -25,9 +25,13 @@ class Tree:
             raise FactsError(f"{self.name}: git {' '.join(args)}: {proc.stderr.strip()}")
         return proc.stdout
 
-    def show(self, file: str) -> str | None:
+    def show_bytes(self, file: str) -> bytes | None:
         proc = subprocess.run(["git", "-C", str(self.path), "show", f"{self.rev}:{file}"], capture_output=True)
-        return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 else None
+        return proc.stdout if proc.returncode == 0 else None
+
+    def show(self, file: str) -> str | None:
+        content = self.show_bytes(file)
+        return content.decode("utf-8", "replace") if content is not None else None
 
     def files(self, under: str) -> list[str]:
         return sorted(self.git("ls-tree", "-r", "--name-only", self.rev, "--", under).split())

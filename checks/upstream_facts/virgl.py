@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .trees import REPO, Tree
+from .trees import REPO, FactsError, Tree
 
 OPTION = re.compile(r"^option\(", re.M)
 
@@ -150,21 +150,33 @@ def virgl_facts(tree: Tree, info: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def patch_facts(tree: Tree, patches: list[str], fixes: list[str]) -> dict[str, Any]:
-    """Apply the pin's patches (git apply --check, then apply) to the touched files of the tree."""
+def patch_facts(
+    tree: Tree, patches: list[str], fixes: list[str], read_fixes: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Apply the pin's patches (git apply --check, then apply) to the touched files of the tree.
+    Comparing with upstream's fix commits needs their history: a tree without it (an archive) is
+    given the fixes as read before (read_fixes), kept only while they name this tree and these commits."""
     result: dict[str, Any] = {"patches": [], "fixes": [], "adds_functions": []}
     if not patches:
         return result
     texts = [(p, (REPO / p).read_bytes()) for p in patches]
     touched = sorted({m for _, t in texts for m in re.findall(r"^\+\+\+ b/(\S+)", t.decode(), re.M)})
+    if read_fixes is not None:
+        if sorted(f["commit"] for f in read_fixes) != sorted(fixes) or any(f["rev"] != tree.rev for f in read_fixes):
+            raise FactsError(
+                f"{tree.name}: the fixes read before are not for {tree.rev[:8]} and {sorted(fixes)}\n"
+                "fix: regenerate with a clone that has the fix commits (docs/nix.md)"
+            )
+        result["fixes"] = read_fixes
+        fixes = []
     fix_files = {c: tree.git("diff-tree", "--no-commit-id", "--name-only", "-r", c).split() for c in fixes}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for file in sorted(set(touched) | {f for fs in fix_files.values() for f in fs}):
-            content = subprocess.run(["git", "-C", str(tree.path), "show", f"{tree.rev}:{file}"], capture_output=True)
-            if content.returncode == 0:
+            content = tree.show_bytes(file)
+            if content is not None:
                 (root / file).parent.mkdir(parents=True, exist_ok=True)
-                (root / file).write_bytes(content.stdout)
+                (root / file).write_bytes(content)
         before = exported_in(root)
         for rel, text in texts:
             check = subprocess.run(["git", "apply", "--check", "-"], input=text, cwd=root, capture_output=True)
