@@ -42,8 +42,6 @@ DARWIN_TREES = {
         "virglrenderer-apir-darwin", ("-Dvenus=true", "-Dapir=true", "-Dvulkan-dload=true")
     ),
 }
-LIBKRUN_TARBALL = "libkrun-v1.19.0.tar.xz"
-LIBKRUN_NAR = "sha256-GzqEV89eZwS2T39iKBtFYPrDB/XB0O4lwurBRh7Z038="
 
 
 def pins() -> dict[str, Any]:

@@ -22,23 +22,8 @@ __all__ = ["ProvisionError", "open_archive"]
 # name releases nobody here can hash (libkrun v1.19.3, krunkit v1.3.2) or a GitLab archive
 # (0.10.4d-krunkit), so the tree read is named here: tarball, commit, NAR hash of the unpacked folder
 # (../shared/upstream/README.md; each re-hashed with `nix hash path --sri`).
-STAND_INS = {
-    "virglrenderer-venus": (
-        "virglrenderer-slp-venus-macos-cd0d04f6.tar.xz",
-        "cd0d04f6c9cfabc604ee64ff3e697519ef198cc7",
-        "sha256-0DW7SH2EzqMr8pvcmpQIjJU3l1nxgpeCqpuow9asZfM=",
-    ),
-    "libkrun": (
-        "libkrun-v1.19.0.tar.xz",
-        "9932c4b59d8f891e60c6aba20d22ebb99ceaa8e2",
-        "sha256-GzqEV89eZwS2T39iKBtFYPrDB/XB0O4lwurBRh7Z038=",
-    ),
-    "krunkit": (
-        "krunkit-v1.3.1.tar.xz",
-        "c56c2b475bdcb8d9a34bda2d40c3dc3ab76fa2e1",
-        "sha256-5Ds65oRXJ9S3fKD16Pq5VD3MDUigVARbUwRa0kY9Y3s=",
-    ),
-}
+# A pin whose own tree is out of reach names the nearest tree of ../shared/upstream in its
+# `standin_tarball` (provision/data/pins.json): file, rev and NAR hash, written there once.
 TARBALL_SUFFIX = ".tar.xz"
 
 
@@ -78,8 +63,9 @@ def wanted(name: str, pin: dict[str, Any]) -> tuple[str, str, str, bool]:
     """(tarball, commit, NAR hash, is the pin itself) for the tree read for pin `name`."""
     if "upstream_tarball" in pin:
         return pin["upstream_tarball"], pin["rev"], pin["hash"], True
-    if name in STAND_INS:
-        return (*STAND_INS[name], False)
+    if "standin_tarball" in pin:
+        stand_in = pin["standin_tarball"]
+        return stand_in["file"], stand_in["rev"], stand_in["hash"], False
     raise FactsError(
         f"{name}: no tree of ../shared/upstream stands for this pin\n"
         f"fix: provision/data/pins.json, sources.{name}.upstream_tarball = the tarball of its rev"
@@ -125,7 +111,7 @@ def open_archive(name: str, upstream: Path, pins: dict[str, Any], work: Path) ->
     folder = unpack(upstream, tarball, commit, work)
     got = nar_hash(folder)
     if got != expected:
-        where = f"sources.{name}.hash" if is_pin else f"checks/upstream_facts/tarballs.py STAND_INS[{name!r}]"
+        where = f"sources.{name}.hash" if is_pin else f"sources.{name}.standin_tarball.hash"
         raise SourceUnavailable(
             f"{tarball}: NAR hash {got} is not {expected} ({where}); refused",
             fix=f"use the unmodified {tarball} of ../shared/upstream (its README lists the NAR hashes)",
