@@ -266,7 +266,8 @@ def _watch(
     workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
     seen_lines = 0
     while True:
-        progressed = any([s.pump() for s in streams])
+        for s in streams:
+            s.pump()
         text = console.read_bytes() if console.exists() else b""
         m = EXIT_MARKER.search(text)
         if m:
@@ -281,8 +282,6 @@ def _watch(
                     procs.stop_process(proc, grace_s=2.0)
                     raise death.error()
             seen_lines = len(lines)
-            if progressed:
-                workers.progress()
             death = workers.poll(time.monotonic())
             if death is not None:
                 procs.stop_process(proc, grace_s=2.0)
