@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -27,14 +26,13 @@ from provision.adapters import procs, qemu, xvfb
 from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
-from provision.core.errors import ProvisionError, RunCancelled, RunTimeout, UnknownRoute, VmFailed
+from provision.core.errors import ProvisionError, UnknownRoute, VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_option
 from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import bundle, companions, isolation, logs, run_dirs, slots, watchdog
+from provision.hosts.linux import bundle, companions, isolation, run_dirs, slots, watch
 from provision.hosts.linux import disks as vmdisk
 from provision.hosts.linux import tools as host_tools
 
-EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
 # Where the run's files appear inside the host-tools chroot.
 IN_CHROOT = {"run": "/mnt/krun/run", "vm": "/mnt/krun/vm", "model": "/mnt/krun/model"}
 
@@ -234,8 +232,8 @@ class LinuxBackend:
             if self.on_start is not None:
                 self.on_start(proc.pid, run_dir)
             beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
-            status = _watch(proc, run_dir, deadline, out, err, watch_workers=watch_workers, beside=beside,
-                            cancel=cancel)
+            status = watch.watch(proc, run_dir, deadline, out, err, watch_workers=watch_workers, beside=beside,
+                                 cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
@@ -247,75 +245,6 @@ class LinuxBackend:
             procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
             run_dirs.finished(run_dir)
             run_dirs.prune()
-
-
-def _watch(
-    proc: subprocess.Popen[bytes],
-    run_dir: Path,
-    deadline: float,
-    out: BinaryIO,
-    err: BinaryIO,
-    *,
-    watch_workers: bool = False,
-    beside: companions.Companions | None = None,
-    cancel: threading.Event | None = None,
-) -> int:
-    streams = [logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)]
-    console = run_dir / "console.log"
-    status: int | None = None
-    workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
-    seen_lines = 0
-    while True:
-        for s in streams:
-            s.pump()
-        text = console.read_bytes() if console.exists() else b""
-        m = EXIT_MARKER.search(text)
-        if m:
-            status = int(m.group(1))
-            break
-        if workers is not None:
-            # Host aborts reach QEMU's log; guest-side ones its stderr. Either ends the run now.
-            lines = (logs.read_text(run_dir / "qemu.log") + logs.read_text(run_dir / "stderr.log")).splitlines()
-            for line in lines[seen_lines:]:
-                death = watchdog.classify(line)
-                if death is not None:
-                    procs.stop_process(proc, grace_s=2.0)
-                    raise death.error()
-            seen_lines = len(lines)
-            death = workers.poll(time.monotonic())
-            if death is not None:
-                procs.stop_process(proc, grace_s=2.0)
-                raise death.error()
-        if proc.poll() is not None:
-            break
-        dead = beside.poll() if beside is not None else None
-        if dead is not None:  # the caller stops QEMU and the rest at once
-            raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
-        cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
-        if cancelled or time.monotonic() >= deadline:
-            procs.stop_process(proc, grace_s=2.0)
-            for s in streams:
-                s.pump()
-            if cancelled:
-                raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
-            raise RunTimeout(
-                f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
-            )
-        time.sleep(0.2)
-    # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        procs.stop_process(proc, grace_s=2.0)
-    for s in streams:
-        s.pump()
-    if status is None:
-        raise VmFailed(
-            f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
-            f"{logs.tail(run_dir / 'qemu.log')} | console: {logs.tail(console)}",
-            fix=f"see {run_dir}",
-        )
-    return status
 
 
 def _has_render_node() -> bool:
