@@ -30,7 +30,7 @@ from provision.apir import host as apir_host
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
-from provision.core.errors import HostToolsMissing, InvalidValue
+from provision.core.errors import HostToolsMissing, InvalidValue, ProvisionError
 from provision.hosts.linux import tools as host_tools
 from provision.images import sources
 
@@ -290,4 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ProvisionError as exc:  # as the provision CLI shows it: the code and the fix, no traceback
+        print(exc.render(), file=sys.stderr)
+        raise SystemExit(exc.exit_status) from None
