@@ -3,13 +3,14 @@
 KVM is used only where a stock guest kernel really runs on it: the CPU must expose VMX/SVM.
 A /dev/kvm without those flags is a paravirtual KVM (PVM), which only runs guest kernels
 built for it (a Debian kernel dies there in the zstd decompressor), so guests run under TCG.
-`provision run` takes ``decide(...).accel``; `provision doctor` shows the same decision as a check.
+`provision run` takes ``for_run().accel``; `provision doctor` shows that same decision as a check.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,9 +81,20 @@ def host_decision(*, with_dmesg: bool = False) -> Decision:
     )
 
 
-def host_accelerator() -> str:
-    """What `provision run` uses: PROVISION_ACCEL (kvm|tcg) when set, else the decision."""
-    override = os.environ.get(ENV_OVERRIDE)
+def for_run(env: Mapping[str, str] | None = None, *, with_dmesg: bool = False) -> Decision:
+    """The one decision `provision run` acts on and `provision doctor` shows:
+    PROVISION_ACCEL (kvm|tcg) when set, else what this host supports."""
+    override = (os.environ if env is None else env).get(ENV_OVERRIDE)
+    if override == "kvm" and not Path("/dev/kvm").exists():
+        return Decision("kvm", "fail", f"{ENV_OVERRIDE}=kvm, but there is no /dev/kvm: QEMU cannot start",
+                        f"unset {ENV_OVERRIDE}, or set it to tcg")
     if override in ("kvm", "tcg"):
-        return override
-    return host_decision().accel
+        return Decision(override, "ok" if override == "kvm" else "warn",
+                        f"{ENV_OVERRIDE}={override}: guests run under {override.upper()}",
+                        f"unset {ENV_OVERRIDE} to let provision decide" if override == "tcg" else None)
+    return host_decision(with_dmesg=with_dmesg)
+
+
+def host_accelerator(env: Mapping[str, str] | None = None) -> str:
+    """What `provision run` uses (for_run's accelerator)."""
+    return for_run(env).accel
