@@ -15,7 +15,7 @@ from pathlib import Path
 
 from provision.cli.output import command
 from provision.core import isolation
-from provision.core.errors import InvalidValue, UnknownModel
+from provision.core.errors import InvalidValue, UnknownModel, WrongPlatform
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan (QEMU's command line), start nothing")
     p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path, mounted read-only")
@@ -121,4 +122,11 @@ def run(args: argparse.Namespace) -> int:
     model = resolve_model(args.model)  # verified (or refused) before any VM starts
     backend = native_backend()
     backend.limits = bounds
+    if args.dry_run:
+        plan_run = getattr(backend, "plan_run", None)
+        if plan_run is None:
+            raise WrongPlatform("provision run --dry-run shows a Linux run's plan",
+                                fix="on macOS, `provision launch --dry-run` shows the machine's plan")
+        print(plan_run(stack, args.gpu, model, cmd, bounds.timeout_s, args.route).shell(), end="")
+        return 0
     return backend.run(stack, args.gpu, model, cmd, bounds.timeout_s, args.route)

@@ -116,13 +116,35 @@ def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
     assert qemu_checks[0].status == "fail" and str(root) in qemu_checks[0].evidence
 
 
+# QEMU's `-device virtio-gpu-gl-pci,help` format (property=<type>  -  description).
+QEMU_HELP = """virtio-gpu-gl-pci options:
+  acpi-index=<uint32>    -  (default: 0)
+  blob=<bool>            -  on/off (default: false)
+  context_init=<bool>    -  on/off (default: true)
+  hostmem=<size>         -  Size in bytes, ... (default: 0)
+  max_outputs=<uint32>   -  (default: 1)
+  venus=<bool>           -  on/off (default: false)
+"""
+
+
+FAKE_QEMU = """#!/bin/sh
+case "$1" in
+  --version) echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)' ;;
+  -display) printf 'Available display backend types:\\nnone\\nsdl\\negl-headless\\n' ;;
+  *) cat <<'EOF'
+""" + QEMU_HELP + """EOF
+  ;;
+esac
+"""
+
+
 def _bundle_install(cache: Path) -> Path:
     """An installed `--from` bundle (manifest and all) whose QEMU is a program that answers -device help."""
     from provision.hosts.linux import bundle_archive
 
     top = bundle_archive.default_install_dir()
     files = {
-        host_tools.QEMU: "#!/bin/sh\ncat <<'EOF'\n" + QEMU_HELP + "EOF\n",
+        host_tools.QEMU: FAKE_QEMU,
         host_tools.RENDER_SERVER: "",
         "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1": "",
         host_tools.XVFB: "",
@@ -155,22 +177,19 @@ def test_doctor_and_run_find_the_same_bundle_and_pick_the_same_accelerator(empty
     assert by_id["linux.qemu"]["status"] == "ok" and by_id["linux.qemu"]["evidence"].startswith(str(top))
     assert by_id["linux.qemu.virtio-gpu-gl"]["status"] == "ok"  # doctor ran the bundle's QEMU
     assert by_id["linux.virgl-render-server"]["evidence"] == str(top / host_tools.RENDER_SERVER)
-    run_accel = accel.host_accelerator()
-    assert f"under {run_accel.upper()}" in by_id["linux.accel"]["evidence"] or run_accel.upper() in by_id[
-        "linux.accel"]["evidence"]
+    # `provision run --dry-run` prints the plan the run acts on: the same tools, the same accelerator.
+    dry = run_provision("run", "llama-linux", "--gpu", "--dry-run", "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    header, tools_line = dry.stdout.splitlines()[:2]
+    assert tools_line.startswith(f"# tools {top} (bundle)")
+    run_accel = header.split("accel ")[1].split(",")[0]
+    assert f"-accel {'kvm' if run_accel == 'kvm' else 'tcg'}" in dry.stdout
+    assert run_accel.upper() in by_id["linux.accel"]["evidence"]
+    assert (by_id["linux.accel"]["status"] == "ok") == (run_accel == "kvm")
     if accel_env is not None:
         assert run_accel == accel_env and f"PROVISION_ACCEL={accel_env}" in by_id["linux.accel"]["evidence"]
 
 
-# QEMU's `-device virtio-gpu-gl-pci,help` format (property=<type>  -  description).
-QEMU_HELP = """virtio-gpu-gl-pci options:
-  acpi-index=<uint32>    -  (default: 0)
-  blob=<bool>            -  on/off (default: false)
-  context_init=<bool>    -  on/off (default: true)
-  hostmem=<size>         -  Size in bytes, ... (default: 0)
-  max_outputs=<uint32>   -  (default: 1)
-  venus=<bool>           -  on/off (default: false)
-"""
 
 
 def test_qemu_device_help_parsing():

@@ -252,10 +252,11 @@ def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(tmp_path:
 
     (tmp_path / apir_host.STAMP).write_text("{}")
     tools = host_tools.HostTools(tmp_path, "cache")
-    backend = linux.LinuxBackend()
     cat = catalog.load()
-    apir_env, apir_watch = backend._route_env(tools, cat.get("llama-apir-linux"), True)
-    venus_env, venus_watch = backend._route_env(tools, cat.get("llama-linux"), True)
-    assert apir_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir_watch
-    assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus_env and not venus_watch
-    assert backend.qemu_env == {} and backend.watch_workers is False
+    root = linux.vmdisk.RootDisk(tmp_path / "root.img", tmp_path / "vmlinuz", tmp_path / "initrd", "")
+    apir = linux._facts(tools, cat.get("llama-apir-linux"), True, root, tmp_path, None)
+    venus = linux._facts(tools, cat.get("llama-linux"), True, root, tmp_path, None)
+    assert apir.route_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir.watch_workers
+    assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus.route_env and not venus.watch_workers
+    # The hook fields nobody set are gone: a plan is all a run reads.
+    assert not {"routes", "qemu_env", "extra_binds", "watch_workers"} & set(vars(linux.LinuxBackend()))
