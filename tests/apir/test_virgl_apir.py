@@ -95,7 +95,8 @@ def test_tree_hash_is_checked_and_fixes_are_applied(tree_repo, tmp_path, monkeyp
     assert (tree / "meson.build").exists()
 
 
-def test_fetch_without_network_fails_with_the_way_out(tmp_path, monkeypatch):
+@pytest.mark.root
+def test_fetch_without_network_fails_with_the_way_out(tmp_path, monkeypatch, refused_network):
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
     pin = pins.default().source("virglrenderer-apir")
     with pytest.raises(errors.SourceUnavailable) as exc:

@@ -57,14 +57,16 @@ def decide(kvm_exists: bool, kvm_usable: bool, cpuinfo: str, pvm_module: bool = 
     return Decision("tcg", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG")
 
 
-def _read(path: str) -> str:
+def _read(path: Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
 
 
-def host_decision(*, with_dmesg: bool = False) -> Decision:
+def host_decision(*, with_dmesg: bool = False, root: Path = Path("/")) -> Decision:
+    """The decision for this host, read from ``root``'s /proc/cpuinfo, /dev/kvm and /sys (tests
+    give a directory laid out the same way)."""
     dmesg = ""
     if with_dmesg:
         try:
@@ -72,27 +74,28 @@ def host_decision(*, with_dmesg: bool = False) -> Decision:
             dmesg = proc.stdout if proc.returncode == 0 else ""
         except (OSError, subprocess.TimeoutExpired):
             dmesg = ""
+    kvm = root / "dev/kvm"
     return decide(
-        Path("/dev/kvm").exists(),
-        os.access("/dev/kvm", os.R_OK | os.W_OK),
-        _read("/proc/cpuinfo"),
-        Path("/sys/module/kvm_pvm").exists(),
+        kvm.exists(),
+        os.access(kvm, os.R_OK | os.W_OK),
+        _read(root / "proc/cpuinfo"),
+        (root / "sys/module/kvm_pvm").exists(),
         dmesg,
     )
 
 
-def for_run(env: Mapping[str, str] | None = None, *, with_dmesg: bool = False) -> Decision:
+def for_run(env: Mapping[str, str] | None = None, *, with_dmesg: bool = False, root: Path = Path("/")) -> Decision:
     """The one decision `provision run` acts on and `provision doctor` shows:
     PROVISION_ACCEL (kvm|tcg) when set, else what this host supports."""
     override = (os.environ if env is None else env).get(ENV_OVERRIDE)
-    if override == "kvm" and not Path("/dev/kvm").exists():
+    if override == "kvm" and not (root / "dev/kvm").exists():
         return Decision("kvm", "fail", f"{ENV_OVERRIDE}=kvm, but there is no /dev/kvm: QEMU cannot start",
                         f"unset {ENV_OVERRIDE}, or set it to tcg")
     if override in ("kvm", "tcg"):
         return Decision(override, "ok" if override == "kvm" else "warn",
                         f"{ENV_OVERRIDE}={override}: guests run under {override.upper()}",
                         f"unset {ENV_OVERRIDE} to let provision decide" if override == "tcg" else None)
-    return host_decision(with_dmesg=with_dmesg)
+    return host_decision(with_dmesg=with_dmesg, root=root)
 
 
 def host_accelerator(env: Mapping[str, str] | None = None) -> str:

@@ -96,6 +96,7 @@ def mini_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.root
 def test_program_in_the_chroot_runs_as_the_user_with_no_new_privs(mini_root: Path, tmp_path: Path) -> None:
     assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
     user = guest_user.ensure_user(mini_root)
@@ -152,6 +153,7 @@ def _status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
+@pytest.mark.root
 def test_sigkill_of_a_root_owner_stops_its_dropped_program_through_the_reaper(mini_root: Path, tmp_path: Path) -> None:
     """The change of user clears PDEATHSIG; the process group (and so the reaper's kill) is kept."""
     assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
