@@ -31,27 +31,35 @@ def _align(n: int) -> int:
 
 
 def parse(data: bytes, peers: dict[int, int]) -> bool:
-    """Add the (inode -> peer) pairs of one netlink reply to ``peers``; True at the dump's end."""
+    """Add the (inode -> peer) pairs of one netlink reply to ``peers``; True at the dump's end.
+
+    Every read stays inside both the reply and its message: a short or lying reply is read
+    as far as it goes.
+    """
     off = 0
     while off + _NLMSG.size <= len(data):
         length, kind, _flags, _seq, _pid = _NLMSG.unpack_from(data, off)
         if kind == NLMSG_DONE:
             return True
-        if kind == NLMSG_ERROR:
-            errno = -struct.unpack_from("=i", data, off + _NLMSG.size)[0]
-            raise OSError(errno, f"sock_diag: {os.strerror(errno)}")
+        end = min(off + length, len(data))
         body = off + _NLMSG.size
-        _fam, _type, _state, _pad, ino = _MSG.unpack_from(data, body)
-        attr = body + _MSG.size
-        while attr + _ATTR.size <= off + length:
-            alen, atype = _ATTR.unpack_from(data, attr)
-            if alen < _ATTR.size:
-                break
-            if atype == UNIX_DIAG_PEER:
-                peers[ino] = struct.unpack_from("=I", data, attr + _ATTR.size)[0]
-            attr += _align(alen)
+        if kind == NLMSG_ERROR:
+            if body + 4 > end:
+                raise OSError(0, "sock_diag: a short error reply")
+            code = -struct.unpack_from("=i", data, body)[0]
+            raise OSError(code, f"sock_diag: {os.strerror(code)}")
         if length < _NLMSG.size:
-            break
+            break  # a message that claims no room for itself: nothing after it can be trusted
+        if body + _MSG.size <= end:
+            _fam, _type, _state, _pad, ino = _MSG.unpack_from(data, body)
+            attr = body + _MSG.size
+            while attr + _ATTR.size <= end:
+                alen, atype = _ATTR.unpack_from(data, attr)
+                if alen < _ATTR.size or attr + alen > end:
+                    break
+                if atype == UNIX_DIAG_PEER and alen >= _ATTR.size + 4:
+                    peers[ino] = struct.unpack_from("=I", data, attr + _ATTR.size)[0]
+                attr += _align(alen)
         off += _align(length)
     return False
 
