@@ -156,6 +156,26 @@ def test_a_worker_whose_guest_closed_its_context_is_not_a_death(render_server):
 
 
 @pytest.mark.root
+def test_a_worker_ends_with_status_255_when_its_context_closes_so_status_cannot_tell(render_server):
+    # The fact the watch is built on, read off the real binary: with the server stopped (it can
+    # neither reap nor kill), a worker whose context QEMU closed stays a zombie with its status.
+    qemu = Qemu(render_server)
+    try:
+        qemu.say("open")
+        worker = next(iter(_until(qemu.workers)))
+        server = watchdog.tree(qemu.proc.pid)[worker][0]
+        os.kill(server, signal.SIGSTOP)
+        try:
+            qemu.proc.stdin.write("close\n")  # type: ignore[union-attr]
+            qemu.proc.stdin.flush()  # type: ignore[union-attr]
+            assert _until(lambda: watchdog.zombie_status(worker)) == "exit status 255"
+        finally:
+            os.kill(server, signal.SIGCONT)
+    finally:
+        qemu.close()
+
+
+@pytest.mark.root
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT])
 def test_a_worker_killed_with_its_context_open_is_a_death(render_server, sig):
     qemu = Qemu(render_server)
