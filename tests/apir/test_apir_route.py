@@ -151,6 +151,7 @@ def test_a_worker_whose_guest_closed_its_context_is_not_a_death(render_server):
         for later in (now, now + 1.5, now + 60.0, now + 3600.0):  # silent far past any grace
             assert watch.poll(later) is None
         assert not watch.ended and not watch.workers
+        assert watch.counts == {"seen": 1, "paired": 1, "ended_with_context_closed": 1, "ended_unjudged": 0}
     finally:
         qemu.close()
 

@@ -11,6 +11,7 @@ server) exits, when another thread cancels it, or at the deadline.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import threading
@@ -52,6 +53,28 @@ def watch(
     console = logs.Marker(run_dir / "console.log")
     qemu_log = logs.Lines(run_dir / "qemu.log")
     workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
+    try:
+        return _loop(proc, run_dir, deadline, stdout, stderr, console, qemu_log, workers, beside, cancel)
+    finally:
+        if workers is not None:  # what the worker watch judged, beside the run's logs
+            record = run_dir / "workers.json"
+            tmp = record.with_name(".workers.json.partial")
+            tmp.write_text(json.dumps({**workers.counts, "blind": workers.blind}, indent=2) + "\n")
+            tmp.rename(record)
+
+
+def _loop(
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    deadline: float,
+    stdout: logs.Tail,
+    stderr: logs.Tail,
+    console: logs.Marker,
+    qemu_log: logs.Lines,
+    workers: watchdog.WorkerWatch | None,
+    beside: companions.Companions | None,
+    cancel: threading.Event | None,
+) -> int:
     status: int | None = None
     while True:
         stdout.pump()

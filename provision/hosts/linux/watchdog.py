@@ -145,6 +145,8 @@ class WorkerWatch:
         self.workers: dict[int, _Worker] = {}
         self.ended: dict[int, tuple[float, _Worker, str]] = {}  # ended with its context held: since when
         self.blind = False  # the kernel would not pair sockets here: worker ends cannot be judged
+        # What the watch saw, for the run's record (workers.json): proof that it judged anything.
+        self.counts = {"seen": 0, "paired": 0, "ended_with_context_closed": 0, "ended_unjudged": 0}
 
     def _holders(self, below: dict[int, tuple[int, str]], workers: set[int]) -> set[int]:
         """Socket inodes held by QEMU (the root) and every other non-render process in its tree."""
@@ -178,17 +180,23 @@ class WorkerWatch:
         shared: set[int] = set()
         for pid in servers:
             shared |= unix_peers.open_sockets(pid, self.proc)
+        for pid in live:
+            if pid not in self.workers:
+                self.counts["seen"] += 1
+                self.workers[pid] = _Worker(live[pid], set())
         for pid in unpaired:
             mine = unix_peers.open_sockets(pid, self.proc) - shared
-            self.workers[pid] = _Worker(live[pid], {pairs[s] for s in mine if pairs.get(s) in held})
-        for pid in live:
-            self.workers.setdefault(pid, _Worker(live[pid], set()))
+            context = {pairs[s] for s in mine if pairs.get(s) in held}
+            if context:
+                self.counts["paired"] += 1
+                self.workers[pid] = _Worker(live[pid], context)
         for pid in [p for p in self.workers if p not in live]:
             self.ended[pid] = (now, self.workers.pop(pid), "reaped")
         for pid, (since, worker, status) in list(self.ended.items()):
             still_open = worker.context & held
             if not still_open:
                 del self.ended[pid]  # QEMU closed the context: the guest program ended it
+                self.counts["ended_with_context_closed" if worker.context else "ended_unjudged"] += 1
             elif now - since >= self.confirm_s:
                 evidence = (
                     f"render worker {pid} ({worker.name}, {status}) under {self.root_pid} ended while QEMU "
