@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,30 @@ def empty_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "cache"
     monkeypatch.setenv("PROVISION_CACHE", str(root))
     return root
+
+
+CLONE_NEWNET = 0x40000000
+
+
+@pytest.fixture
+def refused_network() -> Iterator[None]:
+    """No network for this test and the programs it starts: the test's thread enters a network
+    namespace of its own (only a down ``lo``: every connect and DNS lookup fails at once) and
+    goes back to the host's when the test ends. A test that says "without network" then holds
+    whether or not this machine can reach anything. Namespaces need root (marker: root)."""
+    import ctypes
+
+    if os.geteuid() != 0:
+        pytest.fail("a network namespace of the test's own needs root (marker: root)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    host = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        if libc.unshare(CLONE_NEWNET) != 0:
+            pytest.fail(f"unshare(CLONE_NEWNET): {os.strerror(ctypes.get_errno())}")
+        try:
+            yield
+        finally:
+            if libc.setns(host, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back to the host's network namespace")
+    finally:
+        os.close(host)

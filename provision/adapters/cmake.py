@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from provision.adapters import procs
 from provision.core.errors import BuildFailed, ToolMissing
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
@@ -64,19 +65,24 @@ def _run_step(name: str, cmd: list[str], *, plan: BuildPlan, log: Path, progress
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                errors="replace", env=env)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            fh.write(line)
-            line = line.rstrip()
-            tail.append(line)
-            match = _NINJA_PROGRESS.match(line)
-            now = time.monotonic()
-            if match and (now - last_report > 5 or match.group(1) == match.group(2)):
-                last_report = now
-                progress(f"ggml {plan.variant}: [{match.group(1)}/{match.group(2)}] {match.group(3)[:100]}")
-        rc = proc.wait()
+        # On the owned process tree: cmake, ninja and the compilers die with a killed provision.
+        run_dir = procs.job_dir()
+        proc = procs.spawn(cmd, run_dir, f"cmake-{name}", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, errors="replace", env=env)
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                fh.write(line)
+                line = line.rstrip()
+                tail.append(line)
+                match = _NINJA_PROGRESS.match(line)
+                now = time.monotonic()
+                if match and (now - last_report > 5 or match.group(1) == match.group(2)):
+                    last_report = now
+                    progress(f"ggml {plan.variant}: [{match.group(1)}/{match.group(2)}] {match.group(3)[:100]}")
+            rc = proc.wait()
+        finally:
+            procs.finish(proc, run_dir)
     seconds = time.monotonic() - started
     if rc != 0:
         raise BuildFailed(

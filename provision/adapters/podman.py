@@ -230,7 +230,13 @@ def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
     tmp.mkdir(parents=True)
     name = export_container_name(dest)
     podman[[*global_args(flags), "rm", "-f", name]].run(retcode=None)  # type: ignore[index]
-    cid = podman[[*global_args(flags), "create", "--name", name, ref, "true"]]().strip()  # type: ignore[index]
+    code, out, err = podman[[*global_args(flags), "create", "--name", name, ref, "true"]].run(retcode=None)  # type: ignore[index]
+    if code != 0:
+        raise ImageBuildFailed(
+            f"podman create of {ref} (to export its files) failed ({code}): {err.strip()[-600:]}",
+            fix=f"check the image exists (`podman image exists {ref}`) and that podman works (`provision doctor`)",
+        )
+    cid = out.strip()
     run_dir = procs.job_dir()
     try:
         exp = procs.spawn(

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from provision.core.errors import MachineFailed
+
 DEFAULT_MACHINE = "podman-machine-default"
 
 
@@ -73,12 +75,24 @@ def _int(value: Any) -> int | None:
         return None
 
 
+def _rows(text: str, what: str) -> list[dict[str, Any]]:
+    """The JSON list of objects podman printed, or E034 quoting what it printed instead."""
+    try:
+        data = json.loads(text or "[]")
+    except ValueError as exc:
+        data = exc
+    if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+        shown = text.strip()[:200] or "(nothing)"
+        raise MachineFailed(
+            f"`{what}` did not print a JSON list of machines: {shown}",
+            fix=f"run `{what}` by hand: provision reads podman >= 5.2's JSON (`provision doctor` checks the version)",
+        )
+    return data
+
+
 def parse_list(text: str) -> list[MachineInfo]:
-    data = json.loads(text or "[]")
-    if not isinstance(data, list):
-        raise ValueError("podman machine list --format json did not print a JSON list")
     out = []
-    for row in data:
+    for row in _rows(text, "podman machine list --format json"):
         # Older podman marks the default machine with a trailing '*' in Name.
         name = str(row.get("Name", "")).rstrip("*")
         mem_bytes = _int(row.get("Memory"))
@@ -96,12 +110,11 @@ def parse_list(text: str) -> list[MachineInfo]:
 
 
 def parse_inspect(text: str) -> list[MachineInfo]:
-    data = json.loads(text or "[]")
-    if not isinstance(data, list):
-        raise ValueError("podman machine inspect did not print a JSON list")
     out = []
-    for row in data:
+    for row in _rows(text, "podman machine inspect"):
         res = row.get("Resources") or {}
+        if not isinstance(res, dict):
+            res = {}
         out.append(
             MachineInfo(
                 name=str(row.get("Name", "")),

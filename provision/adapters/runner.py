@@ -79,7 +79,9 @@ def run(
     ``error(what exited N: last lines, fix=fix)``; without it the caller reads ``Done.status``.
     ``stream`` gets each output line as it comes (stdout and stderr merged), and the last ``tail``
     lines are kept for the message."""
-    argv = [which(argv[0], fix=missing_fix) if resolve else argv[0], *argv[1:]]
+    # the program is looked up on the PATH the child will have (the caller's env, if it names one)
+    search = env.get("PATH") if env is not None else None
+    argv = [which(argv[0], fix=missing_fix, path=search) if resolve else argv[0], *argv[1:]]
     name = Path(argv[0]).name
     kw: dict[str, Any] = {"env": dict(env) if env is not None else None, "cwd": cwd, **popen_kw}
     if stream is None:

@@ -72,6 +72,9 @@ def expand_short_forms(argv: list[str]) -> list[str]:
         default, actions = SHORT_FORMS[argv[0]]
         if argv[1] not in actions:
             return [argv[0], default, *argv[1:]]
+    # `provision bench` alone (or with options only) benches the stack chosen for this host
+    if argv[:1] == ["bench"] and (len(argv) == 1 or (argv[1].startswith("-") and argv[1] not in ("-h", "--help"))):
+        return ["bench", "run", *argv[1:]]
     return argv
 
 

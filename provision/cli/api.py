@@ -10,10 +10,13 @@ import argparse
 from pathlib import Path
 
 from provision.cli.output import command
-from provision.core.errors import InvalidValue, WrongPlatform
+from provision.core.errors import InvalidValue, ToolMissing, WrongPlatform
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
+# What the pyproject's `api` extra brings (and what it pulls in): the modules a missing extra lacks.
+API_EXTRA = ("fastapi", "uvicorn", "pydantic", "pydantic_core", "starlette", "anyio", "h11")
+
 COMMANDS = {
     "api": "serve the HTTP execution API (POST /api/v1/execute) on this Linux host",
 }
@@ -59,12 +62,20 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidValue(f"--max-vms {args.max_vms}: expected a positive integer", fix="--max-vms 2")
     if args.grace < 0:
         raise InvalidValue(f"--grace {args.grace}: expected seconds >= 0", fix="--grace 30")
-    from provision.api import auth, server
+    try:
+        from provision.api import auth, server
 
-    settings = api_settings.Settings(
-        listen=api_settings.parse_listen(args.listen),
-        max_vms=args.max_vms,
-        token=auth.read_token_file(args.token_file) if args.token_file else None,
-        grace_s=args.grace,
-    )
-    return server.serve(settings)
+        settings = api_settings.Settings(
+            listen=api_settings.parse_listen(args.listen),
+            max_vms=args.max_vms,
+            token=auth.read_token_file(args.token_file) if args.token_file else None,
+            grace_s=args.grace,
+        )
+        return server.serve(settings)
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in API_EXTRA:
+            raise  # not the optional dependencies: a bug, reported as one
+        raise ToolMissing(
+            f"provision api needs the `api` extra, which is not installed (no module named {exc.name!r})",
+            fix="pip install 'krun-gpu[api]'",
+        ) from None

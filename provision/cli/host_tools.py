@@ -39,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--virgl-src",
         type=Path,
-        help="with --apir: a local clone or mirror of the pinned APIR virglrenderer tree (checked against the pin)",
+        help="with --apir: a local clone or mirror of the pinned APIR virglrenderer tree, or a git archive of it "
+        "(.tar.xz or its folder; checked against the pin)",
     )
     p.add_argument(
         "--bundle",
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> Result:
 
     if args.virgl_src is not None and not args.apir:
         raise InvalidValue("--virgl-src is only used with --apir", fix="add --apir, or drop --virgl-src")
-    values.existing_dir(args.virgl_src, "--virgl-src")
+    if args.virgl_src is not None and not args.virgl_src.is_file():  # a git archive (.tar.xz) is a file
+        values.existing_dir(args.virgl_src, "--virgl-src")
     if args.bundle is not None or args.from_ is not None:
         return _bundle(args)
     if not args.check:

@@ -17,6 +17,7 @@ from provision.cli import routing
 from provision.cli.output import command
 from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
+from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -41,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan (QEMU's command line), start nothing")
     p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path, mounted read-only")
@@ -114,7 +116,7 @@ def limits(args: argparse.Namespace) -> isolation.GuestLimits:
     return isolation.check_limits(asked, host_cpus=os.cpu_count() or 1, host_memory_mib=host_memory_mib())
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> Result | int:
     from provision import hosts
     from provision.core import catalog
 
@@ -124,4 +126,7 @@ def run(args: argparse.Namespace) -> int:
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     model = resolve_model(args.model)  # verified (or refused) before any VM starts
     req = hosts.RunRequest(stack, args.gpu, tuple(cmd), limits=bounds, model_path=model, route=args.route)
+    if args.dry_run:  # the plan as data (QEMU's environment and argv, the job); nothing starts
+        plan = hosts.native().plan_run(req)
+        return Result(dict(plan), str(plan.get("shell", "")))
     return hosts.native().run(req)

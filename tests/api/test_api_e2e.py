@@ -27,7 +27,7 @@ from provision.hosts.linux import tools as host_tools
 from tests.api.client import Api, api_server, wait_gone
 from tests.helpers import gone
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 
 VENUS = re.compile(r"^Virtio-GPU Venus \(")
 

@@ -14,7 +14,7 @@ from provision.api.jobs import LineSink, guest_command, read_device
 from provision.core import catalog
 from provision.core.errors import RunCancelled
 from provision.hosts.linux import backend as linux
-from provision.hosts.linux import slots
+from provision.hosts.linux import slots, watch
 
 TRICKY = """printf '%s\\n' "it's" "a \\"b\\"" '$HOME' "$(echo sub)"; echo 'two
 lines'; exit 5"""
@@ -59,7 +59,7 @@ def test_cancel_stops_the_watched_process_with_e026(tmp_path: Path) -> None:
     threading.Timer(0.5, cancel.set).start()
     start = time.monotonic()
     with pytest.raises(RunCancelled) as info:
-        linux._watch(proc, tmp_path, time.monotonic() + 300, Sink(), Sink(), cancel=cancel)
+        watch.watch(proc, tmp_path, time.monotonic() + 300, Sink(), Sink(), cancel=cancel)
     assert time.monotonic() - start < 10
     assert proc.poll() is not None and f"pid {proc.pid}" in info.value.message
 

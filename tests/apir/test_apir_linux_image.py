@@ -13,7 +13,7 @@ from provision.adapters import podman
 from provision.core import catalog, pins
 from provision.images import build as images
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ a clear way out when the tree cannot be fetched."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -95,9 +96,61 @@ def test_tree_hash_is_checked_and_fixes_are_applied(tree_repo, tmp_path, monkeyp
     assert (tree / "meson.build").exists()
 
 
-def test_fetch_without_network_fails_with_the_way_out(tmp_path, monkeypatch):
+@pytest.mark.root
+def test_fetch_without_network_fails_with_the_way_out(tmp_path, monkeypatch, refused_network):
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
     pin = pins.default().source("virglrenderer-apir")
     with pytest.raises(errors.SourceUnavailable) as exc:
         virgl_apir.fetch_pinned(pin, timeout_s=30)
     assert pin["rev"] in exc.value.message and "--virgl-src" in (exc.value.fix or "")
+
+
+# --- the pinned tree from a git archive (../shared/upstream/, what CI builds from) ----------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def shared_archive() -> Path:
+    """The pinned tree's tarball beside the checkout (the upstream README's name for it)."""
+    pin = pins.default().source("virglrenderer-apir")
+    path = REPO.parent / "shared" / "upstream" / f"virglrenderer-{pin['owner']}-{pin['rev'][:8]}.tar.xz"
+    if not path.is_file():
+        pytest.fail(f"{path} is missing: CI keeps the pinned upstream trees in ../shared/upstream/")
+    return path
+
+
+@pytest.mark.nix
+def test_the_shared_archive_is_checked_against_the_pin_and_gets_every_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    pin = pins.default().source("virglrenderer-apir")
+    tree = virgl_apir.prepare_tree(shared_archive(), pin)
+    # Each fix is in: the two upstream glibc fixes and our resource_map_fixed stand-in.
+    assert "virgl_renderer_resource_map_fixed(uint32_t res_handle, void *addr)" in (
+        tree / "src/virglrenderer.c").read_text()
+    assert "const char* str = memchr" in (tree / "src/gallium/auxiliary/tgsi/tgsi_text.c").read_text()
+    # Cached under a key of the pin: the same pin gives the same tree without unpacking again.
+    assert pin["rev"][:12] in tree.name and virgl_apir.prepare_tree(shared_archive(), pin) == tree
+
+
+@pytest.mark.nix
+def test_an_archive_whose_tree_differs_from_the_pin_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    unpacked = tmp_path / "unpacked"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-xf", str(shared_archive()), "-C", str(unpacked)], check=True)
+    (top,) = unpacked.iterdir()
+    (top / "meson.build").write_text((top / "meson.build").read_text() + "# changed\n")
+    with pytest.raises(errors.SourceUnavailable) as exc:
+        virgl_apir.prepare_tree(top, pins.default().source("virglrenderer-apir"))
+    assert "hashes to" in exc.value.message and pins.default().source("virglrenderer-apir")["hash"] in exc.value.message
+    assert not list((tmp_path / "cache" / "virgl-apir").glob("src-*"))
+
+
+def test_an_archive_cannot_stand_in_for_a_fix_that_has_no_patch_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    real = pins.default().source("virglrenderer-apir")
+    pin = dataclasses.replace(real, attrs={**real.attrs, "linux_fixes": [{"commit": "d" * 40, "why": "repo only"}]})
+    fix = virgl_apir.fixes(pin)[0]
+    with pytest.raises(errors.SourceUnavailable) as exc:
+        virgl_apir._fix_diff(fix, pin, None, tmp_path / "tree.tar.xz")
+    assert "dddddddd" in exc.value.message and "archive_patch" in exc.value.fix

@@ -1,4 +1,8 @@
 
+import hashlib
+import json
+import re
+
 import pytest
 
 from provision.core import errors, pins
@@ -14,12 +18,44 @@ def test_error_codes_and_exit_statuses_are_unique():
     assert errors.GpuNotSupported.code == "E007"
 
 
+def _strings(node, where=""):
+    """(dotted key, value) of every string in a JSON tree."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, f"{where}.{k}" if where else k)
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{where}[{i}]")
+    elif isinstance(node, str):
+        yield where, node
+
+
 def test_pins_file_loads_and_names_the_llama_cpp_source_once():
     p = pins.load()
-    llama = p.source("llama-cpp")
+    data = json.loads(pins.default_path().read_text())
+    # One source fetches llama.cpp itself; the sdist only says which of its revs it vendors.
+    fetched = [name for name, src in data["sources"].items() if src.get("repo") == "llama.cpp"]
+    assert fetched == ["llama-cpp"]
+    rev = p.source("llama-cpp")["rev"]
+    assert re.fullmatch(r"[0-9a-f]{40}", rev)
+    where = sorted(key for key, value in _strings(data) if rev in value)
+    assert where == ["sources.llama-cpp-python-sdist.vendored_rev", "sources.llama-cpp.rev"], where
     sdist = p.source("llama-cpp-python-sdist")
-    assert llama["rev"] == sdist["vendored_rev"]
-    assert sdist["sha256"] == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    assert re.fullmatch(r"[0-9a-f]{64}", sdist["sha256"]) and sdist["filename"].endswith(f"-{sdist['version']}.tar.gz")
+
+
+@pytest.mark.slow
+def test_the_pinned_sdist_is_the_file_provision_fetches():
+    # The pin against the bytes (fetched from PyPI once, then cached), hashed here, not by provision.
+    from provision.images import sources
+
+    sdist = pins.load().source("llama-cpp-python-sdist")
+    path = sources.sdist_path()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    assert digest.hexdigest() == sdist["sha256"] and path.stat().st_size == sdist["size"]
 
 
 

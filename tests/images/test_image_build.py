@@ -19,7 +19,7 @@ from provision.cli import main
 from provision.core import catalog, errors, pins
 from provision.images import build as images
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 
 def smoke_catalog(tmp_path: Path, verify: list[str]) -> Path:

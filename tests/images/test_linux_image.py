@@ -15,7 +15,7 @@ from provision.adapters import podman
 from provision.cli import image as image_cli
 from provision.images import build as images
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
 # issue 14: the image was 1.2 GB (1203589846 bytes, all layers) before the slimming.
 MAX_BYTES = int(0.9 * 1024**3)

@@ -31,7 +31,7 @@ from provision.core import paths
 from provision.hosts.linux import watchdog
 from provision.models import store as models
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 
 PROMPT = "t1 t2 t3"
 BOOT_S = 900  # a generous bound for boot + model load under TCG on a loaded host

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.core.diagnostics import Check, failed
+from provision.core.errors import InvalidValue, ProvisionError
 from provision.hosts.darwin.guest_checks import parse_vulkaninfo_summary
 
 MIN_PP_SPEEDUP = 2.0
@@ -151,6 +152,15 @@ def report(route: str, checks: list[Check], facts: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
+def _read(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        raise InvalidValue(
+            f"{flag} {path}: {exc.strerror}", fix=f"{flag} FILE: the output the check script saved"
+        ) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m provision.hosts.darwin.e2e")
     sub = ap.add_subparsers(dest="route", required=True)
@@ -164,13 +174,20 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--facts", type=Path, default=None, help="lines of versions to include in the report")
     args = ap.parse_args(argv)
     if args.route == "venus":
-        checks = venus_checks(args.vulkaninfo.read_text(), args.gpu_bench.read_text(), args.cpu_bench.read_text())
+        checks = venus_checks(
+            _read(args.vulkaninfo, "--vulkaninfo"), _read(args.gpu_bench, "--gpu-bench"),
+            _read(args.cpu_bench, "--cpu-bench"),
+        )
     else:
-        checks = apir_checks(args.bench.read_text())
-    facts = args.facts.read_text() if args.facts else ""
+        checks = apir_checks(_read(args.bench, "--bench"))
+    facts = _read(args.facts, "--facts") if args.facts else ""
     sys.stdout.write(report(args.route, checks, facts))
     return 1 if failed(checks) else 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except ProvisionError as exc:  # as the provision CLI shows it: the code and the fix, no traceback
+        print(exc.render(), file=sys.stderr)
+        raise SystemExit(exc.exit_status) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -26,7 +27,8 @@ class DarwinHost:
     def plan_run(self, req: RunRequest) -> Mapping[str, Any]:
         argv = self._backend(req).guest_argv(req.stack, req.gpu, req.model_path, req.command, req.route,
                                              model_name=req.model_name)  # fmt: skip
-        return {"host": self.name, "stack": req.stack.name, "argv": argv, "limits": req.limits.as_dict()}
+        return {"host": self.name, "stack": req.stack.name, "argv": argv, "limits": req.limits.as_dict(),
+                "shell": shlex.join(argv) + "\n"}
 
     def run(self, req: RunRequest) -> int:
         status: int = self._backend(req).run(req.stack, req.gpu, req.model_path, req.command, req.deadline_s, req.route)

@@ -3,13 +3,14 @@
 KVM is used only where a stock guest kernel really runs on it: the CPU must expose VMX/SVM.
 A /dev/kvm without those flags is a paravirtual KVM (PVM), which only runs guest kernels
 built for it (a Debian kernel dies there in the zstd decompressor), so guests run under TCG.
-`provision run` takes ``decide(...).accel``; `provision doctor` shows the same decision as a check.
+`provision run` takes ``for_run().accel``; `provision doctor` shows that same decision as a check.
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,14 +57,16 @@ def decide(kvm_exists: bool, kvm_usable: bool, cpuinfo: str, pvm_module: bool = 
     return Decision("tcg", "warn", "/dev/kvm without vmx/svm flags: guests run under TCG")
 
 
-def _read(path: str) -> str:
+def _read(path: Path) -> str:
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace")
+        return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
 
 
-def host_decision(*, with_dmesg: bool = False) -> Decision:
+def host_decision(*, with_dmesg: bool = False, root: Path = Path("/")) -> Decision:
+    """The decision for this host, read from ``root``'s /proc/cpuinfo, /dev/kvm and /sys (tests
+    give a directory laid out the same way)."""
     dmesg = ""
     if with_dmesg:
         try:
@@ -71,18 +74,30 @@ def host_decision(*, with_dmesg: bool = False) -> Decision:
             dmesg = proc.stdout if proc.returncode == 0 else ""
         except (OSError, subprocess.TimeoutExpired):
             dmesg = ""
+    kvm = root / "dev/kvm"
     return decide(
-        Path("/dev/kvm").exists(),
-        os.access("/dev/kvm", os.R_OK | os.W_OK),
-        _read("/proc/cpuinfo"),
-        Path("/sys/module/kvm_pvm").exists(),
+        kvm.exists(),
+        os.access(kvm, os.R_OK | os.W_OK),
+        _read(root / "proc/cpuinfo"),
+        (root / "sys/module/kvm_pvm").exists(),
         dmesg,
     )
 
 
-def host_accelerator() -> str:
-    """What `provision run` uses: PROVISION_ACCEL (kvm|tcg) when set, else the decision."""
-    override = os.environ.get(ENV_OVERRIDE)
+def for_run(env: Mapping[str, str] | None = None, *, with_dmesg: bool = False, root: Path = Path("/")) -> Decision:
+    """The one decision `provision run` acts on and `provision doctor` shows:
+    PROVISION_ACCEL (kvm|tcg) when set, else what this host supports."""
+    override = (os.environ if env is None else env).get(ENV_OVERRIDE)
+    if override == "kvm" and not (root / "dev/kvm").exists():
+        return Decision("kvm", "fail", f"{ENV_OVERRIDE}=kvm, but there is no /dev/kvm: QEMU cannot start",
+                        f"unset {ENV_OVERRIDE}, or set it to tcg")
     if override in ("kvm", "tcg"):
-        return override
-    return host_decision().accel
+        return Decision(override, "ok" if override == "kvm" else "warn",
+                        f"{ENV_OVERRIDE}={override}: guests run under {override.upper()}",
+                        f"unset {ENV_OVERRIDE} to let provision decide" if override == "tcg" else None)
+    return host_decision(with_dmesg=with_dmesg, root=root)
+
+
+def host_accelerator(env: Mapping[str, str] | None = None) -> str:
+    """What `provision run` uses (for_run's accelerator)."""
+    return for_run(env).accel

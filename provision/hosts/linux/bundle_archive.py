@@ -21,6 +21,7 @@ import subprocess
 import tarfile
 from pathlib import Path, PurePosixPath
 
+from provision.adapters import procs
 from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.core.paths import cache_dir
 from provision.images.sources import sha256_file
@@ -91,15 +92,21 @@ def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
         raise HostToolsMissing(
             "zstd is not installed", fix=f"apt-get install zstd, or name the bundle {dest.stem}.xz (no zstd needed)"
         )
+    run_dir = procs.job_dir()
     with partial.open("wb") as sink:
-        proc = subprocess.Popen(
-            ["zstd", "-q", "-T0", f"-{level}", "--long=27", "-c"], stdin=subprocess.PIPE, stdout=sink
+        # On the owned process tree: a killed provision takes its zstd with it.
+        proc = procs.spawn(
+            ["zstd", "-q", "-T0", f"-{level}", "--long=27", "-c"], run_dir, "zstd", stdin=subprocess.PIPE, stdout=sink
         )
-        assert proc.stdin is not None
-        with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-            _add_files(tar, staged)
-        proc.stdin.close()
-        if proc.wait() != 0:
+        try:
+            assert proc.stdin is not None
+            with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                _add_files(tar, staged)
+            proc.stdin.close()
+            proc.wait()
+        finally:
+            procs.finish(proc, run_dir)
+        if proc.returncode != 0:
             raise HostToolsMissing(f"zstd failed writing {dest}", fix="check the free space where OUT.tar.zst goes")
 
 
@@ -163,7 +170,8 @@ def _unpack(archive: Path, into: Path, kind: str) -> None:
             ) from None
         _refuse(archive, bad)
         return
-    proc = subprocess.Popen(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], stdout=subprocess.PIPE)
+    run_dir = procs.job_dir()
+    proc = procs.spawn(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], run_dir, "zstd", stdout=subprocess.PIPE)
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -175,6 +183,7 @@ def _unpack(archive: Path, into: Path, kind: str) -> None:
     finally:
         proc.stdout.close()
         proc.wait()
+        procs.finish(proc, run_dir)
     if proc.returncode != 0:
         raise HostToolsMissing(f"zstd could not read {archive}", fix="copy the bundle again; it is damaged")
     _refuse(archive, bad)

@@ -8,15 +8,11 @@ recorded with ``procs.adopt`` once seen, so it is stopped with the run even if Q
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from provision.adapters import procs
 from provision.hosts.linux import watchdog
-
-# /proc/PID/comm keeps 15 characters: "virgl_render_se".
-RENDER_SERVER = re.compile(r"^virgl_render")
 
 
 @dataclass
@@ -32,7 +28,7 @@ class Companions:
             return f"Xvfb (pid {self.xvfb.pid}), QEMU's display, exited"
         if self.render_server is None:
             for pid, name in watchdog.descendants(self.qemu_pid).items():
-                if RENDER_SERVER.match(name) and procs.parent(pid) == self.qemu_pid:
+                if watchdog.RENDER_SERVER.match(name) and procs.parent(pid) == self.qemu_pid:
                     self.render_server = procs.adopt(pid, self.run_dir, "render-server")
                     break
         elif not self.render_server.alive():

@@ -1,80 +1,39 @@
 """Doctor checks for the Linux route's host tools (QEMU + virglrenderer Venus).
 
-Tools are looked for on this host first, then in the sid chroot that
-``provision host-tools`` builds (its root in ``PROVISION_HOST_TOOLS``); tools found only
-in the chroot are run through ``chroot`` (root only). Every check says what it saw.
+The tools are found by ``tools.locate`` and the accelerator is picked by ``accel.for_run``,
+the same two functions `provision run` uses, with the environment doctor was given: the
+cached chroot, an installed ``--from`` bundle, ``PROVISION_HOST_TOOLS`` and
+``PROVISION_ACCEL`` count exactly as they do for a run. QEMU is asked what it supports
+through ``HostTools.wrap``, as a run starts it (a chroot's needs root). Every check says
+what it saw.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 from provision.adapters import qemu
 from provision.adapters.program import run_tool
 from provision.core.diagnostics import Check, DoctorContext
 from provision.hosts.linux import accel
+from provision.hosts.linux import tools as host_tools
 
-HOST_TOOLS_ENV = "PROVISION_HOST_TOOLS"
+HOST_TOOLS_ENV = host_tools.ENV_VAR
 QEMU = qemu.BINARY
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
-RENDER_SERVER_DIRS = ("usr/libexec", "usr/lib/virglrenderer", "usr/local/libexec")
 FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Xvfb)"
 
 
-@dataclass(frozen=True)
-class Tool:
-    path: Path  # inside ``root`` when root is set
-    root: Path | None
-
-    def argv(self, *args: str) -> list[str]:
-        if self.root is None:
-            return [str(self.path), *args]
-        return ["chroot", str(self.root), str(self.path), *args]
-
-    def where(self) -> str:
-        return str(self.path) if self.root is None else f"{self.root}{self.path} (chroot)"
+def _where(tools: host_tools.HostTools, path: Path) -> str:
+    kind = " (chroot)" if tools.is_chroot else " (bundle)" if tools.bundle else ""
+    return f"{path}{kind}"
 
 
-def chroot_root(env: dict[str, str]) -> Path | None:
-    root = env.get(HOST_TOOLS_ENV)
-    if root:
-        return Path(root) if Path(root).is_dir() else None
-    # No override: the chroot `provision host-tools` made for the current pins, if any.
-    from provision.hosts.linux import tools as host_tools
-
-    cached = host_tools.cached_root()
-    return cached if (cached / host_tools.READY_STAMP).is_file() else None
-
-
-def find_program(name: str, env: dict[str, str]) -> Tool | None:
-    # Same order as host_tools.locate(), which `provision run` uses: the chroot, then the host.
-    root = chroot_root(env)
-    if root is not None:
-        for d in ("usr/bin", "usr/sbin", "bin", "usr/local/bin"):
-            if (root / d / name).is_file():
-                return Tool(Path("/") / d / name, root)
-    host = shutil.which(name, path=env.get("PATH"))
-    return Tool(Path(host), None) if host else None
-
-
-def find_file(name: str, dirs: tuple[str, ...], env: dict[str, str]) -> Path | None:
-    roots = [Path("/")]
-    if (root := chroot_root(env)) is not None:
-        roots.insert(0, root)
-    for r in roots:
-        for d in dirs:
-            if (r / d / name).exists():
-                return r / d / name
-    return None
-
-
-def check_qemu(tool: Tool | None, help_out: tuple[int, str] | None) -> list[Check]:
-    if tool is None:
-        return [Check("linux.qemu", "fail", f"{QEMU} is not installed here or in ${HOST_TOOLS_ENV}", FIX_TOOLS)]
-    out = [Check("linux.qemu", "ok", tool.where())]
+def check_qemu(tools: host_tools.HostTools | None, path: Path | None, help_out: tuple[int, str] | None) -> list[Check]:
+    if tools is None or path is None:
+        seen = "no host tools found" if tools is None else f"not in {tools.root} ({tools.source})"
+        return [Check("linux.qemu", "fail", f"{QEMU}: {seen}", FIX_TOOLS)]
+    out = [Check("linux.qemu", "ok", _where(tools, path))]
     if help_out is None:
         out.append(
             Check(
@@ -132,11 +91,11 @@ def check_virglrenderer(lib: Path | None, server: Path | None) -> list[Check]:
     ]
 
 
-def check_display(render_nodes: list[str], xvfb: Tool | None) -> Check:
+def check_display(render_nodes: list[str], xvfb: str | None) -> Check:
     if render_nodes:
         return Check("linux.display", "ok", f"render node {render_nodes[0]}: -display egl-headless")
     if xvfb is not None:
-        return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb.where()}: -display sdl,gl=on on Xvfb")
+        return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb}: -display sdl,gl=on on Xvfb")
     return Check(
         "linux.display",
         "fail",
@@ -147,17 +106,20 @@ def check_display(render_nodes: list[str], xvfb: Tool | None) -> Check:
 
 def linux_checks(ctx: DoctorContext) -> list[Check]:
     env = ctx.env
-    qemu_tool = find_program(QEMU, env)
+    tools = host_tools.locate(env=env)
+    qemu_path = host_tools.find(tools, host_tools.QEMU, env) if tools else None
     help_out = None
-    if qemu_tool is not None and (qemu_tool.root is None or os.geteuid() == 0):
-        help_argv = qemu_tool.argv("-device", f"{qemu.GPU_DEVICE},help")
+    if tools is not None and qemu_path is not None and (not tools.is_chroot or os.geteuid() == 0):
+        inside = "/" + host_tools.QEMU if tools.is_chroot else str(qemu_path)
+        help_argv = tools.wrap([inside, "-device", f"{qemu.GPU_DEVICE},help"])
         help_out = run_tool(help_argv, timeout=60) or (127, "not runnable")
-    checks = check_qemu(qemu_tool, help_out)
-    checks += check_virglrenderer(
-        find_file("libvirglrenderer.so.1", LIB_DIRS, env), find_file("virgl_render_server", RENDER_SERVER_DIRS, env)
-    )
+    checks = check_qemu(tools, qemu_path, help_out)
+    lib = host_tools.find(tools, host_tools.VIRGL_LIB_GLOB, env) if tools else None
+    server = host_tools.find(tools, host_tools.RENDER_SERVER, env) if tools else None
+    checks += check_virglrenderer(lib, server)
     dri = Path("/dev/dri")
     nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
-    checks.append(check_display(nodes, find_program("Xvfb", env)))
-    checks.append(accel.host_decision(with_dmesg=True).check())
+    xvfb = host_tools.find(tools, host_tools.XVFB, env) if tools else None
+    checks.append(check_display(nodes, _where(tools, xvfb) if tools and xvfb else None))
+    checks.append(accel.for_run(env, with_dmesg=True).check())
     return checks

@@ -17,25 +17,13 @@ class LinuxHost:
     name = "linux"
 
     def plan_run(self, req: RunRequest) -> Mapping[str, Any]:
-        from provision.core import catalog
-        from provision.hosts.linux import accel
-        from provision.hosts.linux import tools as host_tools
-        from provision.hosts.linux.backend import job_script
+        """The frozen RunPlan (runplan.py) as data, with ``shell``: what `provision run --dry-run` prints."""
+        from provision.hosts.linux.backend import LinuxBackend
 
-        catalog.check_gpu(req.stack, req.gpu)
-        route = catalog.check_route(req.stack, req.route)
-        tools = host_tools.locate()
-        return {
-            "host": self.name,
-            "stack": req.stack.name,
-            "route": route,
-            "gpu": req.gpu,
-            "accel": accel.host_accelerator(),
-            "host_tools": tools.as_dict() if tools else None,
-            "limits": req.limits.as_dict(),
-            "model": str(req.model_path) if req.model_path else None,
-            "job": job_script(req.stack, req.command, req.model_name, req.gpu),
-        }
+        plan = LinuxBackend(limits=req.limits).plan_run(
+            req.stack, req.gpu, req.model_path, req.command, req.deadline_s, req.route, model_name=req.model_name
+        )
+        return {"host": self.name, **plan.as_dict(), "limits": req.limits.as_dict(), "shell": plan.shell()}
 
     def run(self, req: RunRequest) -> int:
         from provision.hosts.linux.backend import LinuxBackend

@@ -23,7 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,19 +95,35 @@ def cached_root(pins: pins_mod.Pins | None = None) -> Path:
     return cache_dir("host-tools") / cache_key(pins)
 
 
-def locate(pins: pins_mod.Pins | None = None) -> HostTools | None:
-    """The tools provision will use, or None when there are none at all."""
-    env = os.environ.get(ENV_VAR)
-    if env:
-        return HostTools(Path(env), "env", bundle=bundle_mod.is_bundle(Path(env)))
+def locate(pins: pins_mod.Pins | None = None, env: Mapping[str, str] | None = None) -> HostTools | None:
+    """The tools provision will use, or None when there are none at all.
+
+    The one finder: `provision run` and `provision doctor` both ask it (``env`` is the
+    environment they were given; the process's own by default).
+    """
+    env = os.environ if env is None else env
+    named = env.get(ENV_VAR)
+    if named:
+        return HostTools(Path(named), "env", bundle=bundle_mod.is_bundle(Path(named)))
     root = cached_root(pins)
     if (root / READY_STAMP).is_file():
         return HostTools(root, "cache")
     installed = bundle_mod.default_install_dir()
     if bundle_mod.is_bundle(installed):
         return HostTools(installed, "bundle", bundle=True)
-    if shutil.which("qemu-system-x86_64"):
+    if shutil.which("qemu-system-x86_64", path=env.get("PATH")):
         return HostTools(Path("/"), "host")
+    return None
+
+
+def find(tools: HostTools, rel: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Where one of the tools' files is: under their root, or for the host's own on PATH too."""
+    found = sorted(tools.root.glob(rel)) if "*" in rel else [tools.path(rel)]
+    if found and found[0].exists():
+        return found[0]
+    if tools.root.resolve() == Path("/") and rel.startswith("usr/bin/"):
+        which = shutil.which(Path(rel).name, path=(os.environ if env is None else env).get("PATH"))
+        return Path(which) if which else None
     return None
 
 

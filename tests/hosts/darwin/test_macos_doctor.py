@@ -105,6 +105,7 @@ def test_podman_helper_search_order(tmp_path):
     assert c.status == "fail" and "would not find krunkit" in c.evidence
 
 
+@pytest.mark.podman
 def test_version_strings_from_the_tools_and_skew():
     real_podman = subprocess.run(["podman", "--version"], capture_output=True, text=True, check=True).stdout
     pv = versions.parse_podman(real_podman)  # this machine's podman, e.g. "podman version 4.3.1"
@@ -206,6 +207,7 @@ def test_machine_memory_limits():
     assert pc.check_machine_memory(COMPAT, MachineInfo("m", True, "libkrun", 4, 61440), 4096).status == "warn"
 
 
+@pytest.mark.podman
 def test_darwin_checks_end_to_end_on_a_bundle_built_here(tmp_path):
     b = make_bundle(tmp_path / "krun")
     ctx = dd.DoctorContext(

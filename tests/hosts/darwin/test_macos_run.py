@@ -160,7 +160,7 @@ def test_podman_machine_commands_and_json_shapes():
     )
     assert inspected == [pm.MachineInfo("podman-machine-default", False, None, 5, 8192)]
     assert pm.find(inspected, "other") is None
-    with pytest.raises(ValueError):
+    with pytest.raises(errors.MachineFailed):
         pm.parse_inspect('{"Name": "x"}')
 
 

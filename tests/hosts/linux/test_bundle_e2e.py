@@ -16,7 +16,7 @@ from provision.hosts.linux import bundle
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import run_provision
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,8 @@ from provision.core.diagnostics import Check
 from provision.doctor import checks as doctor
 from provision.hosts.linux import accel
 from provision.hosts.linux import doctor as dl
+from provision.hosts.linux import tools as host_tools
+from tests.helpers import run_provision
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux route's checks")
 
@@ -44,6 +46,7 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
         "apir.backend",
         "apir.protocol",
         "linux.apir.route",  # the test's cache is empty: the Linux APIR route is not set up
+        "route.auto",  # the route `run --gpu` without a stack would take
     } | {f"linux.isolation.{k}" for k in ("sandbox", "network", "mounts", "limits", "user")}
     # No tools chroot in this cache: a root provision could not drop privileges, and says so.
     assert by_id["linux.isolation.user"]["status"] == ("warn" if os.geteuid() == 0 else "ok")
@@ -91,6 +94,7 @@ def test_exit_status_is_0_when_all_pass_and_1_when_one_fails(capsys, monkeypatch
     checks = [Check("a", "ok", "fine"), Check("b", "warn", "meh", "x")]
     monkeypatch.setattr(LinuxHost, "doctor_checks", lambda self, ctx: checks)
     monkeypatch.setattr(doctor.apir, "doctor_checks", lambda ctx: [])
+    monkeypatch.setattr(doctor, "route_checks", lambda ctx: [])
     assert _doctor(capsys)[0] == 0
     monkeypatch.setattr(doctor.apir, "doctor_checks", lambda ctx: [Check("apir.x", "fail", "broken", "fix it")])
     code, out = _doctor(capsys, "--json")
@@ -105,25 +109,18 @@ def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"")
     env = {"PATH": "/nonexistent", dl.HOST_TOOLS_ENV: str(root)}
-    xvfb = dl.find_program("Xvfb", env)
-    assert (
-        xvfb is not None and xvfb.root == root and xvfb.argv("-help") == ["chroot", str(root), "/usr/bin/Xvfb", "-help"]
-    )
-    assert (
-        dl.find_file("libvirglrenderer.so.1", dl.LIB_DIRS, env)
-        == root / "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1"
-    )
-    checks = dl.check_virglrenderer(
-        dl.find_file("libvirglrenderer.so.1", dl.LIB_DIRS, env),
-        dl.find_file("virgl_render_server", dl.RENDER_SERVER_DIRS, env),
-    )
+    tools = host_tools.locate(env=env)
+    assert tools is not None and tools.is_chroot and tools.root == root
+    assert host_tools.find(tools, host_tools.XVFB, env) == root / "usr/bin/Xvfb"
+    lib = host_tools.find(tools, host_tools.VIRGL_LIB_GLOB, env)
+    assert lib == root / "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1"
+    checks = dl.check_virglrenderer(lib, host_tools.find(tools, host_tools.RENDER_SERVER, env))
     assert [c.status for c in checks] == ["ok", "ok"] and str(root) in checks[1].evidence
-    assert dl.check_display([], xvfb).status == "ok" and "(chroot)" in dl.check_display([], xvfb).evidence
     assert dl.check_display([], None).status == "fail"
     assert dl.check_display(["/dev/dri/renderD128"], None).evidence.endswith("egl-headless")
-    assert dl.find_program("qemu-system-x86_64", env) is None
-    qemu = dl.check_qemu(None, None)
-    assert qemu[0].status == "fail" and dl.HOST_TOOLS_ENV in qemu[0].evidence
+    assert host_tools.find(tools, host_tools.QEMU, env) is None
+    qemu_checks = dl.check_qemu(tools, None, None)
+    assert qemu_checks[0].status == "fail" and str(root) in qemu_checks[0].evidence
 
 
 # QEMU's `-device virtio-gpu-gl-pci,help` format (property=<type>  -  description).
@@ -137,14 +134,80 @@ QEMU_HELP = """virtio-gpu-gl-pci options:
 """
 
 
+FAKE_QEMU = """#!/bin/sh
+case "$1" in
+  --version) echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)' ;;
+  -display) printf 'Available display backend types:\\nnone\\nsdl\\negl-headless\\n' ;;
+  *) cat <<'EOF'
+""" + QEMU_HELP + """EOF
+  ;;
+esac
+"""
+
+
+def _bundle_install(cache: Path) -> Path:
+    """An installed `--from` bundle (manifest and all) whose QEMU is a program that answers -device help."""
+    from provision.hosts.linux import bundle_archive
+
+    top = bundle_archive.default_install_dir()
+    files = {
+        host_tools.QEMU: FAKE_QEMU,
+        host_tools.RENDER_SERVER: "",
+        "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1": "",
+        host_tools.XVFB: "",
+    }
+    for rel, text in files.items():
+        (top / rel).parent.mkdir(parents=True, exist_ok=True)
+        (top / rel).write_text(text)
+        (top / rel).chmod(0o755)
+    (top / bundle_archive.MANIFEST).write_text(
+        json.dumps({"format": bundle_archive.FORMAT, "guest": {}, "files": bundle_archive.hashes(top)})
+    )
+    assert str(top).startswith(str(cache))
+    return top
+
+
+@pytest.mark.parametrize("accel_env", ["tcg", "kvm", None])
+def test_doctor_and_run_find_the_same_bundle_and_pick_the_same_accelerator(empty_cache, monkeypatch, accel_env):
+    monkeypatch.delenv(dl.HOST_TOOLS_ENV, raising=False)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no QEMU of the host's own in the way
+    if accel_env is None:
+        monkeypatch.delenv(accel.ENV_OVERRIDE, raising=False)
+    else:
+        monkeypatch.setenv(accel.ENV_OVERRIDE, accel_env)
+    top = _bundle_install(empty_cache)
+    report = json.loads(run_provision("doctor", "--json").stdout)["data"]
+    by_id = {c["id"]: c for c in report["checks"]}
+    # What the run acts on, in the same environment:
+    tools = host_tools.locate()
+    assert tools is not None and tools.bundle and tools.root == top
+    assert by_id["linux.qemu"]["status"] == "ok" and by_id["linux.qemu"]["evidence"].startswith(str(top))
+    assert by_id["linux.qemu.virtio-gpu-gl"]["status"] == "ok"  # doctor ran the bundle's QEMU
+    assert by_id["linux.virgl-render-server"]["evidence"] == str(top / host_tools.RENDER_SERVER)
+    # `provision run --dry-run` prints the plan the run acts on: the same tools, the same accelerator.
+    dry = run_provision("run", "llama-linux", "--gpu", "--dry-run", "--", "true")
+    assert dry.returncode == 0, dry.stderr
+    header, tools_line = dry.stdout.splitlines()[:2]
+    assert tools_line.startswith(f"# tools {top} (bundle)")
+    run_accel = header.split("accel ")[1].split(",")[0]
+    assert f"-accel {'kvm' if run_accel == 'kvm' else 'tcg'}" in dry.stdout
+    assert run_accel.upper() in by_id["linux.accel"]["evidence"]
+    assert (by_id["linux.accel"]["status"] == "ok") == (run_accel == "kvm")
+    if accel_env is not None:
+        assert run_accel == accel_env and f"PROVISION_ACCEL={accel_env}" in by_id["linux.accel"]["evidence"]
+
+
+
+
 def test_qemu_device_help_parsing():
-    tool = dl.Tool(Path("/usr/bin/qemu-system-x86_64"), None)
+    tools = host_tools.HostTools(Path("/"), "host")
+    path = Path("/usr/bin/qemu-system-x86_64")
     assert {"venus", "blob", "hostmem"} <= qemu.parse_device_help(QEMU_HELP)
-    assert dl.check_qemu(tool, (0, QEMU_HELP))[1].status == "ok"
+    assert dl.check_qemu(tools, path, (0, QEMU_HELP))[1].status == "ok"
     old = QEMU_HELP.replace("  venus=<bool>           -  on/off (default: false)\n", "")
-    assert "venus" in dl.check_qemu(tool, (0, old))[1].evidence
+    assert "venus" in dl.check_qemu(tools, path, (0, old))[1].evidence
     missing = dl.check_qemu(
-        tool,
+        tools, path,
         (1, "qemu-system-x86_64: -device virtio-gpu-gl-pci,help: 'virtio-gpu-gl-pci' is not a valid device model name"),
     )
     assert missing[1].status == "fail" and "not a valid device model name" in missing[1].evidence

@@ -35,7 +35,7 @@ from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import catalog_file_with
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 
 UP = "krun-venus-up"
 GUEST = f"vulkaninfo --summary 2>&1 | grep -q DRIVER_ID_MESA_VENUS && echo {UP}; sleep 120"
@@ -392,11 +392,33 @@ def test_a_gpu_run_waits_while_an_orphan_holds_the_slot_and_starts_once_it_is_go
         )
         assert proc.returncode == 32 and "E022" in proc.stderr, proc.stderr[-2000:]
         assert "qemu pid=" not in proc.stderr
+        # A run with time to wait: it waits while the orphan lives, and starts once it is gone.
+        log = tmp_path / "waiting.stderr"
+        with log.open("w") as err:
+            waiting = subprocess.Popen(
+                [sys.executable, "-m", "provision", "run", "llama-linux", "--gpu", "--timeout", "900", "--",
+                 "sh", "-c", "echo started-after-the-orphan"],
+                stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+            )
+        try:
+            time.sleep(5)
+            assert waiting.poll() is None and "qemu pid=" not in log.read_text()  # still waiting for the slot
+        except BaseException:
+            waiting.kill()
+            raise
     finally:
         os.kill(orphan, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while procs.start_time(orphan) is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    killed_at = time.monotonic()
+    try:
+        out, _ = waiting.communicate(timeout=880)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    text = log.read_text()
+    assert waiting.returncode == 0, text[-2000:]
+    assert "qemu pid=" in text and out.strip() == "started-after-the-orphan"
+    assert time.monotonic() > killed_at
     free = slots.try_acquire(1, lane.cache / "gpu-slots")
-    assert free is not None  # the lock dropped with the last process holding it
+    assert free is not None  # the run released it; the orphan's lock dropped with it
     free.release()

@@ -37,6 +37,7 @@ def test_mountinfo_parsing_finds_mounts_below_deepest_first() -> None:
     assert partials.mounts_below(Path("/mnt/a"), info) == [Path("/mnt/a/b c/proc"), Path("/mnt/a")]
 
 
+@pytest.mark.root
 def test_a_leftover_with_a_mount_inside_is_unmounted_then_removed(tmp_path: Path) -> None:
     leftover = tmp_path / "tree.partial"
     (leftover / "proc").mkdir(parents=True)
@@ -56,6 +57,7 @@ def fake_tools(root: Path) -> None:
     (root / host_tools.READY_STAMP).write_text("{}")
 
 
+@pytest.mark.root
 def test_host_tools_never_uses_a_half_made_tree_and_the_next_make_removes_it(cache: Path) -> None:
     final = host_tools.cached_root()
     building = final.with_name(final.name + ".building")
@@ -101,6 +103,8 @@ def wait_for(predicate, within: float, step: float = 0.05) -> bool:  # type: ign
     return bool(predicate())
 
 
+@pytest.mark.podman
+@pytest.mark.root
 @pytest.mark.slow
 def test_vm_disk_export_killed_midway_is_made_again_whole(tmp_path: Path, cache: Path, busybox_image: str) -> None:
     steps = [
@@ -139,6 +143,8 @@ def test_vm_disk_export_killed_midway_is_made_again_whole(tmp_path: Path, cache:
     print(json.dumps({"export_container_left_by_kill": left}))
 
 
+@pytest.mark.podman
+@pytest.mark.root
 @pytest.mark.slow
 def test_image_build_killed_midway_leaves_no_process_no_tag_and_the_next_build_works(
     tmp_path: Path, cache: Path, busybox_image: str

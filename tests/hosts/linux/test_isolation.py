@@ -4,6 +4,7 @@ starts, and what doctor reports. The macOS `podman run` flags: tests/hosts/darwi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -18,8 +19,9 @@ import pytest
 from provision.adapters import procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import errors, isolation
-from provision.hosts.linux import guest_user
-from provision.hosts.linux.doctor_isolation import static_checks, user_check
+from provision.hosts.linux import doctor_isolation, guest_user
+from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.doctor_isolation import user_check
 
 DENY_ALL = ("obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny")
 
@@ -94,6 +96,7 @@ def mini_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+@pytest.mark.root
 def test_program_in_the_chroot_runs_as_the_user_with_no_new_privs(mini_root: Path, tmp_path: Path) -> None:
     assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
     user = guest_user.ensure_user(mini_root)
@@ -150,6 +153,7 @@ def _status(pid: int) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in lines)}
 
 
+@pytest.mark.root
 def test_sigkill_of_a_root_owner_stops_its_dropped_program_through_the_reaper(mini_root: Path, tmp_path: Path) -> None:
     """The change of user clears PDEATHSIG; the process group (and so the reaper's kill) is kept."""
     assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
@@ -238,21 +242,48 @@ def test_run_refuses_out_of_range_flags_before_any_vm(tmp_path: Path) -> None:
 # --- doctor ------------------------------------------------------------------------------------
 
 
+def _rows() -> dict[str, object]:
+    tools = host_tools.HostTools(Path("/"), "host")
+    return {c.id: c for c in doctor_isolation.plan_checks(doctor_isolation._sample_plans(tools))}
+
+
 def test_doctor_reports_sandbox_network_mounts_and_user() -> None:
-    by_id = {c.id: c for c in static_checks()}
-    assert isolation.SANDBOX_FULL in by_id["linux.isolation.sandbox"].evidence
-    assert "-nic none" in by_id["linux.isolation.network"].evidence
-    assert "readonly=on" in by_id["linux.isolation.mounts"].evidence
+    by_id = _rows()
+    assert all(c.status == "ok" for c in by_id.values())  # type: ignore[attr-defined]
+    # The rows quote the planned command lines: the CPU filter denies spawn, the GPU one allows it.
+    assert f"CPU guests: QEMU -sandbox {isolation.SANDBOX_FULL}" in by_id["linux.isolation.sandbox"].evidence  # type: ignore[attr-defined]
+    assert f"GPU guests: QEMU -sandbox {isolation.SANDBOX_GPU}" in by_id["linux.isolation.sandbox"].evidence  # type: ignore[attr-defined]
     assert user_check(1000, None, False).status == "ok"
     assert user_check(0, Path("/"), False).status == "warn"
+
+
+@pytest.mark.parametrize(
+    ("row", "target", "broken"),
+    [
+        ("linux.isolation.sandbox", "provision.hosts.linux.runplan.sandbox_option", lambda gpu: None),
+        ("linux.isolation.network", "provision.adapters.qemu.network_args",
+         lambda spec: ["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]),
+        ("linux.isolation.mounts", "provision.adapters.qemu.Drive", functools.partial(qemu.Drive, readonly=False)),
+    ],
+)
+def test_a_run_configuration_that_loses_its_isolation_turns_doctor_s_row_into_a_failure(
+    monkeypatch: pytest.MonkeyPatch, row: str, target: str, broken: object
+) -> None:
+    # The rows come from what the run would do: change the run's configuration and doctor says so.
+    assert _rows()[row].status == "ok"  # type: ignore[attr-defined]
+    monkeypatch.setattr(target, broken)
+    assert _rows()[row].status == "fail", _rows()[row]  # type: ignore[attr-defined]
 
 
 def test_doctor_json_has_the_isolation_checks() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "provision", "doctor", "--json"], capture_output=True, text=True, timeout=300
     )
-    import json
-
     ids = {c["id"]: c for c in json.loads(proc.stdout)["data"]["checks"]}
     for cid in ("linux.isolation.sandbox", "linux.isolation.network", "linux.isolation.mounts", "linux.isolation.user"):
         assert cid in ids, sorted(ids)
+    # The JSON rows are the ones planned from this host's tools, not a fixed text.
+    tools = host_tools.locate() or host_tools.HostTools(Path("/"), "host")
+    planned = doctor_isolation.plan_checks(doctor_isolation._sample_plans(tools))
+    for check in planned:
+        assert ids[check.id]["evidence"] == check.evidence and ids[check.id]["status"] == check.status

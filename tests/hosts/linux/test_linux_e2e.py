@@ -33,7 +33,7 @@ from provision.hosts.linux import tools as host_tools
 from provision.models import store as models
 from tests.helpers import gone, run_provision
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 
 TBO = "/usr/libexec/x86_64-linux-gnu/llama.cpp-tests/test-backend-ops"
 # Full MUL_MAT does not finish under TCG in 300 s; this set covers f16 and q4_0 weights, mat-vec and mat-mat.

@@ -4,7 +4,6 @@ GPU slots, bench parsing and gate, and the errors a run raises before any VM sta
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -68,10 +67,35 @@ def test_pvm_kvm_means_tcg_and_real_vmx_means_kvm() -> None:
     assert qemu.argv(qemu.VmSpec(**{**_spec(False).__dict__, "accel": "kvm"}))[1:5] == ["-accel", "kvm", "-cpu", "host"]
 
 
-def test_this_host_gets_tcg_when_its_cpu_has_no_vmx() -> None:
-    flags = Path("/proc/cpuinfo").read_text()
-    expected = "kvm" if (" vmx" in flags or " svm" in flags) and os.access("/dev/kvm", os.W_OK) else "tcg"
-    assert accel.host_accelerator() == expected
+def _host(tmp_path: Path, cpuinfo: str, kvm: bool, pvm: bool = False) -> Path:
+    """A host laid out as accel reads one: /proc/cpuinfo, /dev/kvm, /sys/module/kvm_pvm."""
+    (tmp_path / "proc").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "proc/cpuinfo").write_text(cpuinfo)
+    if kvm:
+        (tmp_path / "dev").mkdir(exist_ok=True)
+        (tmp_path / "dev/kvm").write_text("")
+    if pvm:
+        (tmp_path / "sys/module/kvm_pvm").mkdir(parents=True)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "kvm", "pvm", "expected"),
+    [
+        (PVM_CPUINFO, True, True, "tcg"),  # a paravirtual /dev/kvm: no vmx/svm flags
+        (PVM_CPUINFO, True, False, "tcg"),
+        (VMX_CPUINFO, False, False, "tcg"),  # no /dev/kvm at all
+        (VMX_CPUINFO, True, False, "kvm"),
+    ],
+)
+def test_this_host_gets_tcg_when_its_cpu_has_no_vmx(tmp_path: Path, cpuinfo: str, kvm: bool, pvm: bool,
+                                                    expected: str) -> None:
+    root = _host(tmp_path, cpuinfo, kvm, pvm)
+    assert accel.for_run({}, root=root).accel == expected
+    # PROVISION_ACCEL is what the run uses, on any host; kvm without /dev/kvm is a failing check.
+    assert accel.for_run({"PROVISION_ACCEL": "tcg"}, root=root).accel == "tcg"
+    forced = accel.for_run({"PROVISION_ACCEL": "kvm"}, root=root)
+    assert forced.accel == "kvm" and forced.status == ("ok" if kvm else "fail")
 
 
 def test_device_help_parsing_finds_properties() -> None:
@@ -222,7 +246,10 @@ def test_apir_run_without_the_apir_host_build_names_it_before_any_vm(tmp_path: P
     assert not (tmp_path / "runs").exists()
 
 
-def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(tmp_path: Path) -> None:
+@pytest.mark.root
+def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(
+    tmp_path: Path, refused_network: None
+) -> None:
     proc = run_provision("host-tools", "--apir", env={"PROVISION_CACHE": str(tmp_path)})
     assert proc.returncode == 52, proc.stderr
     from provision.core import pins
@@ -252,10 +279,27 @@ def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(tmp_path:
 
     (tmp_path / apir_host.STAMP).write_text("{}")
     tools = host_tools.HostTools(tmp_path, "cache")
-    backend = linux.LinuxBackend()
     cat = catalog.load()
-    apir_env, apir_watch = backend._route_env(tools, cat.get("llama-apir-linux"), True)
-    venus_env, venus_watch = backend._route_env(tools, cat.get("llama-linux"), True)
-    assert apir_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir_watch
-    assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus_env and not venus_watch
-    assert backend.qemu_env == {} and backend.watch_workers is False
+    root = linux.vmdisk.RootDisk(tmp_path / "root.img", tmp_path / "vmlinuz", tmp_path / "initrd", "")
+    apir = linux._facts(tools, cat.get("llama-apir-linux"), True, root, tmp_path, None)
+    venus = linux._facts(tools, cat.get("llama-linux"), True, root, tmp_path, None)
+    assert apir.route_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir.watch_workers
+    assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus.route_env and not venus.watch_workers
+    # The hook fields nobody set are gone: a plan is all a run reads.
+    assert not {"routes", "qemu_env", "extra_binds", "watch_workers"} & set(vars(linux.LinuxBackend()))
+
+
+@pytest.mark.root
+def test_the_refused_network_fixture_reaches_nothing_not_even_a_listener_on_this_host(request) -> None:
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    socket.create_connection(("127.0.0.1", port), timeout=5).close()  # reachable from the host's namespace
+    request.getfixturevalue("refused_network")
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=5)
+    probe = subprocess.run([sys.executable, "-c", f"import socket; socket.create_connection(('127.0.0.1', {port}), 5)"],
+                           capture_output=True, text=True)
+    assert probe.returncode != 0  # the programs the test starts are cut off too
+    listener.close()

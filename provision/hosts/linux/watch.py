@@ -1,0 +1,123 @@
+"""The watch loop of one Linux run: copy the guest's output, find its exit status, end early on a death.
+
+Every 0.2 s it reads what each file gained since the last look (logs.py: one offset per
+file): the guest's stdout and stderr are copied to the caller's streams, the console is
+searched for ``KRUN-EXIT=<n>``, and, where the route is watched (APIR), each new line of
+QEMU's log and of the guest's stderr is classified on its own (a host GGML abort reaches
+QEMU's log, a guest-side one its stderr) and the render workers are polled
+(watchdog.WorkerWatch). The run also ends at once when a companion (Xvfb, the render
+server) exits, when another thread cancels it, or at the deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+from provision.adapters import procs
+from provision.core.errors import RunCancelled, RunTimeout, VmFailed
+from provision.hosts.linux import companions, logs, watchdog
+
+# The guest's init ends the line; once QEMU is gone, what the console holds is all there is.
+EXIT_LINE = re.compile(rb"KRUN-EXIT=(\d+)\r?\n")
+EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
+POLL_S = 0.2
+
+
+def _fatal(lines: list[str]) -> watchdog.Death | None:
+    for line in lines:
+        death = watchdog.classify(line)
+        if death is not None:
+            return death
+    return None
+
+
+def watch(
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    deadline: float,
+    out: BinaryIO,
+    err: BinaryIO,
+    *,
+    watch_workers: bool = False,
+    beside: companions.Companions | None = None,
+    cancel: threading.Event | None = None,
+) -> int:
+    """The guest's exit status; raises the run's error (E021, E023, E026, VmFailed) otherwise."""
+    stdout, stderr = logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)
+    console = logs.Marker(run_dir / "console.log")
+    qemu_log = logs.Lines(run_dir / "qemu.log")
+    workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
+    try:
+        return _loop(proc, run_dir, deadline, stdout, stderr, console, qemu_log, workers, beside, cancel)
+    finally:
+        if workers is not None:  # what the worker watch judged, beside the run's logs
+            record = run_dir / "workers.json"
+            tmp = record.with_name(".workers.json.partial")
+            tmp.write_text(json.dumps({**workers.counts, "blind": workers.blind}, indent=2) + "\n")
+            tmp.rename(record)
+
+
+def _loop(
+    proc: subprocess.Popen[bytes],
+    run_dir: Path,
+    deadline: float,
+    stdout: logs.Tail,
+    stderr: logs.Tail,
+    console: logs.Marker,
+    qemu_log: logs.Lines,
+    workers: watchdog.WorkerWatch | None,
+    beside: companions.Companions | None,
+    cancel: threading.Event | None,
+) -> int:
+    status: int | None = None
+    while True:
+        stdout.pump()
+        guest_lines = stderr.pump()
+        m = console.search(EXIT_LINE)
+        if m:
+            status = int(m.group(1))
+            break
+        if workers is not None:
+            death = _fatal(qemu_log.read()) or _fatal(guest_lines) or workers.poll(time.monotonic())
+            if death is not None:
+                procs.stop_process(proc, grace_s=2.0)
+                raise death.error()
+        if proc.poll() is not None:
+            break
+        dead = beside.poll() if beside is not None else None
+        if dead is not None:  # the caller stops QEMU and the rest at once
+            raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
+        cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
+        if cancelled or time.monotonic() >= deadline:
+            procs.stop_process(proc, grace_s=2.0)
+            stdout.pump()
+            stderr.pump()
+            if cancelled:
+                raise RunCancelled(f"the run was cancelled; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})")
+            raise RunTimeout(
+                f"the guest did not finish before the deadline; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})"
+            )
+        time.sleep(POLL_S)
+    # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        procs.stop_process(proc, grace_s=2.0)
+    stdout.pump()
+    stderr.pump()
+    if status is None:
+        m = console.search(EXIT_MARKER)
+        status = int(m.group(1)) if m else None
+    if status is None:
+        raise VmFailed(
+            f"QEMU exited ({proc.returncode}) before the guest reported an exit status: "
+            f"{logs.tail(run_dir / 'qemu.log')} | console: {logs.tail(run_dir / 'console.log')}",
+            fix=f"see {run_dir}",
+        )
+    return status
