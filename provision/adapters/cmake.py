@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections import deque
@@ -67,7 +66,7 @@ def _run_step(name: str, cmd: list[str], *, plan: BuildPlan, log: Path, progress
         fh.flush()
         # On the owned process tree: cmake, ninja and the compilers die with a killed provision.
         run_dir = procs.job_dir()
-        proc = procs.spawn(cmd, run_dir, f"cmake-{name}", stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = procs.spawn(cmd, run_dir, f"cmake-{name}", stdout=procs.PIPE, stderr=procs.STDOUT,
                            text=True, errors="replace", env=env)
         try:
             assert proc.stdout is not None

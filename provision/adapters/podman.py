@@ -1,4 +1,4 @@
-"""podman (through plumbum): image builds, imports, inspection and rootfs export.
+"""podman (through the owned runner): image builds, imports, inspection and rootfs export.
 
 On hosts without a unified cgroup v2 hierarchy, or inside a container, podman's default
 OCI runtime isolation cannot build here (cgroups in hybrid mode, setrlimit refused), so
@@ -12,16 +12,12 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from plumbum import local
-
-from provision.adapters import partials, procs
+from provision.adapters import partials, procs, runner
 from provision.core.errors import ImageBuildFailed, ToolMissing
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
@@ -64,8 +60,8 @@ class BuildFlags:
 
 def probe_host() -> HostFacts:
     try:
-        fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True, text=True).stdout.strip()
-    except OSError:
+        fs = runner.run(["stat", "-fc", "%T", "/sys/fs/cgroup"]).out.strip()
+    except (OSError, ToolMissing):
         fs = "unknown"
     in_container = Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
     return HostFacts(fs, Path("/run/systemd/system").is_dir(), in_container)
@@ -92,10 +88,12 @@ def decide_flags(facts: HostFacts, env: dict[str, str] | None = None) -> BuildFl
     return BuildFlags(isolation, manager, tuple(reasons))
 
 
-def _podman() -> object:
-    if shutil.which("podman") is None:
-        raise ToolMissing("podman is not installed", fix="apt-get install podman (scripts/setup-debian does)")
-    return local["podman"]
+PODMAN_FIX = "apt-get install podman (scripts/setup-debian does)"
+
+
+def _podman(*args: str) -> runner.Done:
+    """One podman command to its end; the caller reads its status (E006 when podman is not installed)."""
+    return runner.run(["podman", *args], missing_fix=PODMAN_FIX)
 
 
 def global_args(flags: BuildFlags) -> list[str]:
@@ -139,11 +137,10 @@ def build(
 ) -> BuildResult:
     """Run podman build, streaming its output; on failure name the step that failed.
     ``offline``: no RUN step can reach the network (see BuildFlags.offline)."""
-    _podman()
+    runner.which("podman", fix=PODMAN_FIX)
     cmd = build_command(context, tag, flags, containerfile, offline=offline)
     if cmd[0] == "unshare":
-        if shutil.which("unshare") is None:
-            raise ToolMissing("unshare is not installed", fix="apt-get install util-linux")
+        runner.which("unshare", fix="apt-get install util-linux")
         if os.geteuid() != 0:
             raise ImageBuildFailed(
                 "an offline build with chroot isolation needs a network namespace of its own (unshare --net), "
@@ -155,7 +152,7 @@ def build(
     # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
     # them), never an image under ``tag``. The build stops with provision (procs).
     run_dir = procs.job_dir()
-    proc = procs.spawn(cmd, run_dir, "podman-build", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = procs.spawn(cmd, run_dir, "podman-build", stdout=procs.PIPE, stderr=procs.STDOUT, text=True)
     steps: list[str] = []
     cached = 0
     tail: list[str] = []
@@ -189,24 +186,22 @@ def build(
 
 
 def inspect(ref: str) -> dict:
-    podman = _podman()
-    proc = podman["image", "inspect", ref].run(retcode=None)  # type: ignore[index]
-    if proc[0] != 0:
-        raise ImageBuildFailed(f"podman image inspect {ref} failed: {proc[2].strip()}")
-    data = json.loads(proc[1])
+    proc = _podman("image", "inspect", ref)
+    if proc.status != 0:
+        raise ImageBuildFailed(f"podman image inspect {ref} failed: {proc.err.strip()}")
+    data = json.loads(proc.out)
     return dict(data[0])
 
 
 def exists(ref: str) -> bool:
-    podman = _podman()
-    return podman["image", "exists", ref].run(retcode=None)[0] == 0  # type: ignore[index]
+    return _podman("image", "exists", ref).status == 0
 
 
 def import_rootfs(rootfs: Path, ref: str) -> str:
     """tar the directory into ``podman import``; returns the image id."""
-    _podman()
+    runner.which("podman", fix=PODMAN_FIX)
     run_dir = procs.job_dir()
-    tar = procs.spawn(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], run_dir, "tar", stdout=subprocess.PIPE)
+    tar = procs.spawn(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], run_dir, "tar", stdout=procs.PIPE)
     try:
         imp = procs.run(["podman", "import", "-", ref], "podman-import", stdin=tar.stdout, text=True)
         if tar.stdout:
@@ -224,23 +219,22 @@ def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
 
     The container is named after ``dest``, so one a killed export left behind is removed by the next.
     """
-    podman = _podman()
     tmp = dest.with_name(dest.name + ".partial")
     partials.remove(tmp)
     tmp.mkdir(parents=True)
     name = export_container_name(dest)
-    podman[[*global_args(flags), "rm", "-f", name]].run(retcode=None)  # type: ignore[index]
-    code, out, err = podman[[*global_args(flags), "create", "--name", name, ref, "true"]].run(retcode=None)  # type: ignore[index]
-    if code != 0:
+    _podman(*global_args(flags), "rm", "-f", name)
+    created = _podman(*global_args(flags), "create", "--name", name, ref, "true")
+    if created.status != 0:
         raise ImageBuildFailed(
-            f"podman create of {ref} (to export its files) failed ({code}): {err.strip()[-600:]}",
+            f"podman create of {ref} (to export its files) failed ({created.status}): {created.err.strip()[-600:]}",
             fix=f"check the image exists (`podman image exists {ref}`) and that podman works (`provision doctor`)",
         )
-    cid = out.strip()
+    cid = created.out.strip()
     run_dir = procs.job_dir()
     try:
         exp = procs.spawn(
-            ["podman", *global_args(flags), "export", cid], run_dir, "podman-export", stdout=subprocess.PIPE
+            ["podman", *global_args(flags), "export", cid], run_dir, "podman-export", stdout=procs.PIPE
         )
         try:
             untar = procs.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], "tar", stdin=exp.stdout)
@@ -252,7 +246,7 @@ def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
         if exp.returncode or untar.returncode:
             raise ImageBuildFailed(f"podman export of {ref} failed: {untar.stderr.decode(errors='replace').strip()}")
     finally:
-        podman[[*global_args(flags), "rm", "-f", cid]].run(retcode=None)  # type: ignore[index]
+        _podman(*global_args(flags), "rm", "-f", cid)
     partials.remove(dest)
     tmp.rename(dest)
     return dest
@@ -265,6 +259,3 @@ def export_container_name(dest: Path) -> str:
 def labels(ref: str) -> dict[str, str]:
     return dict(inspect(ref).get("Labels") or {})
 
-
-def run_args(args: Sequence[str]) -> list[str]:
-    return ["podman", *args]

@@ -32,10 +32,6 @@ def version_cmd() -> list[str]:
     return ["podman", "--version"]
 
 
-def list_cmd() -> list[str]:
-    return ["podman", "machine", "list", "--format", "json"]
-
-
 def inspect_cmd(name: str) -> list[str]:
     return ["podman", "machine", "inspect", name]
 

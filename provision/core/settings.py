@@ -69,6 +69,19 @@ def _path(raw: str) -> str | None:
     return "a path (no NUL byte)" if "\0" in raw or not raw.strip() else None
 
 
+def _size(raw: str) -> str | None:
+    import re
+
+    ok = re.fullmatch(r"\d+(?:\.\d+)?\s*[KMGT]?(?:i?B)?", raw.strip(), re.I)
+    return None if ok else "a size such as 512M or 2G"
+
+
+def _host(raw: str) -> str | None:
+    import re
+
+    return None if re.fullmatch(r"[A-Za-z0-9.\-\[\]:/]{1,255}", raw) else "a registry host[:port]"
+
+
 @dataclass(frozen=True)
 class Spec:
     key: str
@@ -93,6 +106,13 @@ SPECS: tuple[Spec, ...] = (
     Spec("stall_s", "PROVISION_STALL_S", "20", _seconds, "a model pull retries after this long without a byte"),
     Spec("podman_isolation", "PROVISION_PODMAN_ISOLATION", None, _one_of("chroot", "oci", "rootless"),
          "podman build --isolation", "decided from the host: chroot inside a container"),
+    Spec("ask_above", "PROVISION_ASK_ABOVE", "2G", _size, "an interactive model pull asks before more than this"),
+    Spec("shortnames", "PROVISION_SHORTNAMES", None, _path, "your model shortnames file",
+         "shortnames.conf in the user config directory"),
+    Spec("ollama_registry", "PROVISION_OLLAMA_REGISTRY", None, _host, "registry for ollama:// and NAME:TAG",
+         "none: name one here or in the reference"),
+    Spec("docker_registry", "PROVISION_DOCKER_REGISTRY", None, _host, "registry for docker://REPO:TAG",
+         "none: name one here or in the reference"),
 )
 BY_KEY = {s.key: s for s in SPECS}
 

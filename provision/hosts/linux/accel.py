@@ -9,12 +9,13 @@ built for it (a Debian kernel dies there in the zstd decompressor), so guests ru
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.adapters import runner
 from provision.core.diagnostics import Check, Status
+from provision.core.errors import ToolMissing
 
 ENV_OVERRIDE = "PROVISION_ACCEL"
 
@@ -70,9 +71,9 @@ def host_decision(*, with_dmesg: bool = False, root: Path = Path("/")) -> Decisi
     dmesg = ""
     if with_dmesg:
         try:
-            proc = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=10)
-            dmesg = proc.stdout if proc.returncode == 0 else ""
-        except (OSError, subprocess.TimeoutExpired):
+            done = runner.run(["dmesg"], timeout=10)
+            dmesg = done.out if done.ok else ""
+        except (OSError, ToolMissing):
             dmesg = ""
     kvm = root / "dev/kvm"
     return decide(

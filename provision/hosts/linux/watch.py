@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ def _fatal(lines: list[str]) -> watchdog.Death | None:
 
 
 def watch(
-    proc: subprocess.Popen[bytes],
+    proc: procs.Popen[bytes],
     run_dir: Path,
     deadline: float,
     out: BinaryIO,
@@ -64,7 +63,7 @@ def watch(
 
 
 def _loop(
-    proc: subprocess.Popen[bytes],
+    proc: procs.Popen[bytes],
     run_dir: Path,
     deadline: float,
     stdout: logs.Tail,
@@ -107,7 +106,7 @@ def _loop(
     # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
     try:
         proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
+    except procs.TimeoutExpired:
         procs.stop_process(proc, grace_s=2.0)
     stdout.pump()
     stderr.pump()
