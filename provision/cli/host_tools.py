@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sudo provision host-tools --bundle krun-host-tools.tar.zst",
         "provision host-tools --from krun-host-tools.tar.zst",
         "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
+        "sudo provision host-tools --bundle gpu-host.tar.xz --host-driver --no-guest   # a host with its GPU driver",
     )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
     p.add_argument("--force", action="store_true", help="rebuild even when a cached chroot exists")
@@ -49,6 +50,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--stack", default="llama-linux", help="with --bundle: the stack whose guest disk goes in")
     p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")
+    p.add_argument(
+        "--host-driver",
+        action="store_true",
+        help="with --bundle: the host brings its GPU's EGL and Vulkan drivers; leave Mesa's software drivers "
+        "(llvmpipe, lavapipe, LLVM) out",
+    )
     p.add_argument(
         "--from", dest="from_", type=Path, metavar="OUT.tar.zst",
         help="install a bundle made by --bundle (.tar.xz/.tar.gz with Python alone)",
@@ -93,11 +100,17 @@ def _bundle(args: argparse.Namespace) -> int:
 
     if args.bundle is not None and args.from_ is not None:
         raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
+    if args.host_driver and args.bundle is None:
+        raise InvalidValue("--host-driver is only used with --bundle", fix="add --bundle OUT.tar.xz, or drop it")
     if args.from_ is not None:
         dest = bundle_archive.install(args.from_, args.to)
         tools = host_tools.HostTools(dest, "bundle", bundle=True)
         checks = host_tools.checks(tools)
-        payload: dict[str, object] = {"installed": str(dest), "checks": [c.as_dict() for c in checks]}
+        payload: dict[str, object] = {
+            "installed": str(dest),
+            "installed_bytes": bundle_archive.tree_bytes(dest),
+            "checks": [c.as_dict() for c in checks],
+        }
     else:
         if args.to is not None:
             raise InvalidValue("--to is only used with --from")
@@ -110,7 +123,7 @@ def _bundle(args: argparse.Namespace) -> int:
             ref, image_id = image_for(stack)
             disk = disks.root_disk(ref, image_id)
             guest = bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk)
-        manifest = bundle.make(chroot.root, args.bundle, guest)
+        manifest = bundle.make(chroot.root, args.bundle, guest, host_driver=args.host_driver)
         checks = []
         payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
     if args.json:

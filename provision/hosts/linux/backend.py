@@ -3,9 +3,10 @@
 GPU guests get ``virtio-gpu-gl-pci`` with Venus: the guest's Mesa venus driver talks to
 virglrenderer's render server on the host, which runs the host's Vulkan driver (a real
 GPU, or lavapipe). Order of a run, each step failing with its own error code:
-catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> Xvfb -> QEMU ->
-the guest's exit status, or E021 on the deadline. QEMU and Xvfb are always stopped and
-reaped on every path out; started by adapters/procs.py, they also die with a killed provision.
+catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> QEMU (its GL display:
+a render node, or SDL's offscreen driver over EGL, display.py) -> the guest's exit status, or E021
+on the deadline. QEMU and its render server are always stopped and reaped on every path out;
+started by adapters/procs.py, they also die with a killed provision.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import procs, qemu, xvfb
+from provision.adapters import procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import catalog
 from provision.core.catalog import Stack
@@ -32,6 +33,7 @@ from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits, sandbox_opt
 from provision.hosts.linux import accel as accel_mod
 from provision.hosts.linux import bundle, companions, isolation, logs, run_dirs, slots, watchdog
 from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux import display as gl_display
 from provision.hosts.linux import tools as host_tools
 
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
@@ -207,14 +209,11 @@ class LinuxBackend:
         argv = qemu.argv(spec)
         (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
         env = {"HOME": user.home if user else "/root", "XDG_RUNTIME_DIR": "/tmp", **(route_env or {})}
-        x: xvfb.Xvfb | None = None
         proc: subprocess.Popen[bytes] | None = None
         started = time.monotonic()
         try:
             if display == "sdl":
-                x = xvfb.start(chroot, run_dir / "xvfb.log", wrap=tools.wrap)
-                env["DISPLAY"] = x.display
-                env["SDL_VIDEODRIVER"] = "x11"
+                env.update(gl_display.run_env(tools.root if chroot else Path("/")))
             full = chroot.argv(argv, env) if chroot else tools.wrap(argv)
             with (run_dir / "qemu.log").open("wb") as qlog:
                 proc = procs.spawn(
@@ -229,21 +228,18 @@ class LinuxBackend:
                 )
             self.log(
                 f"qemu pid={proc.pid} accel={accel} gpu={'venus' if gpu else 'none'} display={display} run={run_dir}"
-                + isolation.log_fields(x.pid if x else None, user)
+                + isolation.log_fields(user)
             )
             if self.on_start is not None:
                 self.on_start(proc.pid, run_dir)
-            beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
+            beside = companions.Companions(proc.pid, run_dir)
             status = _watch(proc, run_dir, deadline, out, err, watch_workers=watch_workers, beside=beside,
                             cancel=cancel)
             wall = time.monotonic() - started
             return RunResult(status, run_dir, proc.pid, wall, accel)
         finally:
-            # QEMU first: with Xvfb gone first, QEMU's SDL display dies on the lost X connection instead.
             if proc is not None:
                 procs.finish(proc, run_dir, grace_s=3.0)
-            if x is not None:
-                x.stop()
             procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
             run_dirs.finished(run_dir)
             run_dirs.prune()

@@ -43,6 +43,11 @@ def hashes(top: Path) -> dict[str, str]:
     return {str(p.relative_to(top)): sha256_file(p) for p in files}
 
 
+def tree_bytes(top: Path) -> int:
+    """The bytes of the regular files under ``top`` (an installed bundle's size)."""
+    return sum(p.stat().st_size for p in top.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 def compression_for(dest: Path) -> str:
     """The compression a bundle named ``dest`` is written with, from its suffix."""
     for suffix, kind in SUFFIXES.items():

@@ -15,13 +15,13 @@ from pathlib import Path
 from provision.adapters import qemu
 from provision.adapters.program import run_tool
 from provision.core.diagnostics import Check, DoctorContext
-from provision.hosts.linux import accel
+from provision.hosts.linux import accel, display
 
 HOST_TOOLS_ENV = "PROVISION_HOST_TOOLS"
 QEMU = qemu.BINARY
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib64", "usr/lib", "usr/local/lib")
 RENDER_SERVER_DIRS = ("usr/libexec", "usr/lib/virglrenderer", "usr/local/libexec")
-FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Xvfb)"
+FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Mesa's EGL)"
 
 
 @dataclass(frozen=True)
@@ -132,16 +132,22 @@ def check_virglrenderer(lib: Path | None, server: Path | None) -> list[Check]:
     ]
 
 
-def check_display(render_nodes: list[str], xvfb: Tool | None) -> Check:
+def check_display(render_nodes: list[str], vendors: list[display.EglVendor]) -> Check:
+    """Which GL context QEMU will get: a render node's, or SDL offscreen on the first EGL vendor."""
     if render_nodes:
         return Check("linux.display", "ok", f"render node {render_nodes[0]}: -display egl-headless")
-    if xvfb is not None:
-        return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb.where()}: -display sdl,gl=on on Xvfb")
+    if vendors:
+        return Check(
+            "linux.display",
+            "ok",
+            f"no render node; -display sdl,gl=on with SDL_VIDEODRIVER=offscreen on EGL vendor {vendors[0].describe()}",
+        )
     return Check(
         "linux.display",
         "fail",
-        "no /dev/dri render node and no Xvfb: QEMU has no GL context for virglrenderer",
-        "apt install xvfb (with qemu-system-gui), or " + FIX_TOOLS,
+        "no /dev/dri render node and no EGL vendor manifest: QEMU has no GL context for virglrenderer",
+        f"name the GPU driver's manifest: export {display.VENDOR_ENV}=/path/to/10_nvidia.json, "
+        "or apt install libegl-mesa0, or " + FIX_TOOLS,
     )
 
 
@@ -158,6 +164,6 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     )
     dri = Path("/dev/dri")
     nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
-    checks.append(check_display(nodes, find_program("Xvfb", env)))
+    checks.append(check_display(nodes, display.egl_vendors(chroot_root(env) or Path("/"), env)))
     checks.append(accel.host_decision(with_dmesg=True).check())
     return checks

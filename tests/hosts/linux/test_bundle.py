@@ -86,12 +86,6 @@ def test_wrapper_is_valid_sh_and_passes_the_callers_library_path_first(tmp_path:
     assert out[-1] == f"RS={tmp_path}/usr/libexec/virgl_render_server"
 
 
-def test_patch_once_refuses_a_string_that_is_not_there_exactly_once() -> None:
-    assert bundle._patch_once(b"a/usr/bin\0b", b"/usr/bin\0", b"xkb\0", "dir") == b"axkb\0\0\0\0\0\0b"
-    with pytest.raises(HostToolsMissing):
-        bundle._patch_once(b"/usr/bin\0/usr/bin\0", b"/usr/bin\0", b"xkb\0", "dir")
-
-
 def staged(tmp_path: Path) -> Path:
     top = tmp_path / "staged"
     (top / "usr/bin").mkdir(parents=True)

@@ -59,7 +59,10 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
     )
     assert (by_id["linux.virglrenderer"]["status"] == "ok") == has_lib
     nodes = list(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
-    assert (by_id["linux.display"]["status"] == "ok") == bool(nodes or shutil.which("Xvfb"))
+    vendor_dirs = [Path("/etc/glvnd/egl_vendor.d"), Path("/usr/share/glvnd/egl_vendor.d")]
+    vendors = [m for d in vendor_dirs if d.is_dir() for m in d.glob("*.json")]
+    assert (by_id["linux.display"]["status"] == "ok") == bool(nodes or vendors or dl.chroot_root(dict(os.environ)))
+    assert "Xvfb" not in by_id["linux.display"]["evidence"]
     flags = Path("/proc/cpuinfo").read_text()
     hw = " vmx" in flags or " svm" in flags
     accel = by_id["linux.accel"]
@@ -96,14 +99,15 @@ def test_exit_status_is_0_when_all_pass_and_1_when_one_fails(capsys, monkeypatch
 
 def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
     root = tmp_path / "sid"
-    for rel in ("usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1", "usr/libexec/virgl_render_server", "usr/bin/Xvfb"):
+    for rel in ("usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1", "usr/libexec/virgl_render_server", "usr/bin/tool"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"")
+    mesa = root / "usr/share/glvnd/egl_vendor.d/50_mesa.json"
+    mesa.parent.mkdir(parents=True)
+    mesa.write_text('{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_mesa.so.0"}}')
     env = {"PATH": "/nonexistent", dl.HOST_TOOLS_ENV: str(root)}
-    xvfb = dl.find_program("Xvfb", env)
-    assert (
-        xvfb is not None and xvfb.root == root and xvfb.argv("-help") == ["chroot", str(root), "/usr/bin/Xvfb", "-help"]
-    )
+    tool = dl.find_program("tool", env)
+    assert tool is not None and tool.root == root and tool.argv("-h") == ["chroot", str(root), "/usr/bin/tool", "-h"]
     assert (
         dl.find_file("libvirglrenderer.so.1", dl.LIB_DIRS, env)
         == root / "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1"
@@ -113,9 +117,13 @@ def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
         dl.find_file("virgl_render_server", dl.RENDER_SERVER_DIRS, env),
     )
     assert [c.status for c in checks] == ["ok", "ok"] and str(root) in checks[1].evidence
-    assert dl.check_display([], xvfb).status == "ok" and "(chroot)" in dl.check_display([], xvfb).evidence
-    assert dl.check_display([], None).status == "fail"
-    assert dl.check_display(["/dev/dri/renderD128"], None).evidence.endswith("egl-headless")
+    shown = dl.check_display([], dl.display.egl_vendors(root, env))
+    assert shown.status == "ok" and "offscreen" in shown.evidence and str(mesa) in shown.evidence
+    assert "Mesa" in shown.evidence and "libEGL_mesa.so.0" in shown.evidence
+    assert dl.check_display([], []).status == "fail" and "__EGL_VENDOR_LIBRARY_FILENAMES" in str(
+        dl.check_display([], []).fix
+    )
+    assert dl.check_display(["/dev/dri/renderD128"], []).evidence.endswith("egl-headless")
     assert dl.find_program("qemu-system-x86_64", env) is None
     qemu = dl.check_qemu(None, None)
     assert qemu[0].status == "fail" and dl.HOST_TOOLS_ENV in qemu[0].evidence
