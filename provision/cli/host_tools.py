@@ -48,7 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pack the tools (with their libraries, loader and libc) and a guest disk for a host without sid; "
         ".tar.xz or .tar.gz instead of .tar.zst need no zstd program to install",
     )
-    p.add_argument("--stack", default="llama-linux", help="with --bundle: the stack whose guest disk goes in")
+    p.add_argument(
+        "--stack", action="append", default=None,
+        help="with --bundle: a stack whose guest disk goes in (repeat for several; default llama-linux)",
+    )
+    p.add_argument(
+        "--minimal", action="store_true",
+        help="with --bundle: cut each guest disk to what runs (hosts/linux/minimal.py): no lavapipe, no LLVM, "
+        "a small initrd",
+    )
     p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")
     p.add_argument(
         "--host-driver",
@@ -114,16 +122,22 @@ def _bundle(args: argparse.Namespace) -> int:
     else:
         if args.to is not None:
             raise InvalidValue("--to is only used with --from")
-        if args.apir:
-            raise InvalidValue("--bundle with --apir is not supported yet", fix="make the bundle without --apir")
         chroot = host_tools.make()
-        guest = None
-        if not args.no_guest:
-            stack = catalog.load().get(args.stack)
+        if args.apir:
+            from provision.apir import host as apir_host
+
+            apir_host.make(args.virgl_src)
+        guests = []
+        for name in [] if args.no_guest else (args.stack or ["llama-linux"]):
+            stack = catalog.load().get(name)
             ref, image_id = image_for(stack)
             disk = disks.root_disk(ref, image_id)
-            guest = bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk)
-        manifest = bundle.make(chroot.root, args.bundle, guest, host_driver=args.host_driver)
+            if args.minimal:
+                from provision.hosts.linux import minimal
+
+                disk = minimal.make(disk, args.bundle.with_name(f".{args.bundle.name}.{name}.minimal"), name)
+            guests.append(bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk))
+        manifest = bundle.make(chroot.root, args.bundle, guests, host_driver=args.host_driver, apir=args.apir)
         checks = []
         payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
     if args.json:

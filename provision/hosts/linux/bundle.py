@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -81,6 +81,8 @@ MESA_DRIVERS = (
 VULKAN_ICDS = {"lvp_icd.json": "libvulkan_lvp.so"}
 EGL_VENDORS = {"50_mesa.json": "libEGL_mesa.so.0"}
 GUEST_DIR = "guest"
+# The APIR route's virglrenderer, built in the chroot by `provision host-tools --apir` (apir/host.py).
+APIR_FILES = ("opt/virgl-apir/lib/libvirglrenderer.so.1", "opt/virgl-apir/libexec/virgl_render_server")
 
 
 @dataclass(frozen=True)
@@ -181,11 +183,17 @@ def icd_manifest(library: str, depth: int) -> str:
 
 
 def stage(
-    root: Path, out: Path, guest: Guest | None, log: Callable[[str], None], *, host_driver: bool = False
+    root: Path,
+    out: Path,
+    guests: Sequence[Guest],
+    log: Callable[[str], None],
+    *,
+    host_driver: bool = False,
+    apir: bool = False,
 ) -> dict[str, object]:
     """Lay the bundle out in ``out`` from the chroot at ``root``; returns the manifest (written too).
     ``host_driver``: the host brings its GPU's EGL and Vulkan drivers, Mesa's software ones stay out."""
-    starts = list(PROGRAMS)
+    starts = list(PROGRAMS) + (list(APIR_FILES) if apir else [])
     for pattern in DLOPENED + (() if host_driver else MESA_DRIVERS):
         starts += [str(p.relative_to(root)) for p in sorted(root.glob(pattern))]
     libs = closure(root, starts)
@@ -199,7 +207,7 @@ def stage(
     for name, path in sorted(libs.items()):
         shutil.copyfile(path, lib_dir / name)
     for rel in starts:
-        if rel in PROGRAMS:
+        if rel in PROGRAMS or rel in APIR_FILES:
             continue
         src = _resolve(root, rel)
         dest = out / rel
@@ -232,19 +240,56 @@ def stage(
             (egl_dir / json_name).write_text(
                 json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library}})
             )
-    guest_meta: dict[str, str] = {}
-    if guest:
-        (out / GUEST_DIR).mkdir()
-        for role, path in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk", guest.disk)):
-            shutil.copyfile(path, out / GUEST_DIR / path.name)
-            guest_meta[role] = path.name
-        guest_meta.update(stack=guest.stack, image=guest.image, image_id=guest.image_id)
+    metas = _stage_guests(out, guests)
+    if apir:
+        _stage_apir(root, out, libs)
     manifest: dict[str, object] = {
-        "format": FORMAT, "guest": guest_meta, "host_driver": host_driver, "files": hashes(out)
+        "format": FORMAT,
+        "guest": metas[0] if metas else {},
+        "guests": {m["stack"]: m for m in metas},
+        "host_driver": host_driver,
+        "apir": apir,
+        "files": hashes(out),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log(f"bundle: {len(libs)} libraries, {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()) >> 20} MiB")
     return manifest
+
+
+def _stage_guests(out: Path, guests: Sequence[Guest]) -> list[dict[str, str]]:
+    """Each guest in guest/<stack>/, kernels once in guest/ (the routes' images share the pinned one)."""
+    metas = []
+    for g in guests:
+        (out / GUEST_DIR / g.stack).mkdir(parents=True)
+        kernel = out / GUEST_DIR / g.kernel.name
+        if kernel.exists() and kernel.read_bytes() != g.kernel.read_bytes():
+            raise HostToolsMissing(f"two different kernels named {g.kernel.name} in one bundle",
+                                   fix="bundle the stacks one at a time (--stack once)")
+        if not kernel.exists():
+            shutil.copyfile(g.kernel, kernel)
+        meta = {"stack": g.stack, "image": g.image, "image_id": g.image_id, "kernel": g.kernel.name}
+        for role, path in (("initrd", g.initrd), ("disk", g.disk)):
+            shutil.copyfile(path, out / GUEST_DIR / g.stack / path.name)
+            meta[role] = f"{g.stack}/{path.name}"
+        metas.append(meta)
+    return metas
+
+
+def _stage_apir(root: Path, out: Path, libs: dict[str, Path]) -> None:
+    """The APIR route's virglrenderer (``provision host-tools --apir``, /opt/virgl-apir in the
+    chroot) at the same path in the bundle: its library and render server, started through our loader."""
+    for rel in APIR_FILES:
+        src = _resolve(root, rel)
+        if src is None:
+            raise HostToolsMissing(f"{rel} is missing in {root}", fix="run `provision host-tools --apir` first")
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith("virgl_render_server"):
+            real = f"{REAL}/apir-virgl_render_server"
+            shutil.copyfile(src, out / real)
+            _write_script(dest, wrapper(real, "render-server", len(PurePosixPath(rel).parts) - 1))
+        else:
+            shutil.copyfile(src, dest)
 
 
 def _write_script(path: Path, text: str) -> None:
@@ -257,17 +302,20 @@ def root_disk_for(tools: HostTools, stack: Stack) -> RootDisk | None:
     """The guest disk an installed bundle carries for ``stack`` and these pins (no podman needed)."""
     if not tools.bundle:
         return None
-    g = guest(tools.root)
-    if g is None or g.stack != stack.name:
+    g = guest(tools.root, stack.name)
+    if g is None:
         return None
     if g.image != images.default_tag(images.render_stack(stack, pins_mod.default())):
         return None
     return RootDisk(g.disk, g.kernel, g.initrd, g.image_id)
 
 
-def guest(root: Path) -> Guest | None:
-    """The guest a bundle holds, or None."""
-    meta = json.loads((root / MANIFEST).read_text()).get("guest", {})
+def guest(root: Path, stack: str | None = None) -> Guest | None:
+    """The guest a bundle holds for ``stack`` (default: its first), or None."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    meta = manifest.get("guests", {}).get(stack) if stack else manifest.get("guest", {})
+    if not meta and stack and manifest.get("guest", {}).get("stack") == stack:
+        meta = manifest["guest"]  # a bundle made before several guests
     if not meta:
         return None
     g = root / GUEST_DIR
@@ -279,11 +327,12 @@ def guest(root: Path) -> Guest | None:
 def make(
     root: Path,
     out: Path,
-    guest: Guest | None,
+    guests: Sequence[Guest],
     *,
     level: int = 10,
     log: Callable[[str], None] | None = None,
     host_driver: bool = False,
+    apir: bool = False,
 ) -> dict[str, object]:
     """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))  # stdout is for --json
@@ -293,7 +342,7 @@ def make(
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     try:
-        manifest = stage(root, staging, guest, log, host_driver=host_driver)
+        manifest = stage(root, staging, guests, log, host_driver=host_driver, apir=apir)
         log(f"bundle: packing {out} ({kind}, level {level})")
         pack(staging, out, level=level)
     finally:
