@@ -253,3 +253,26 @@ def test_locate_takes_an_installed_bundle_from_the_env_and_runs_its_programs_in_
     assert tools is not None and tools.bundle and not tools.is_chroot
     assert tools.wrap(["qemu-system-x86_64", "--version"]) == [str(top / "usr/bin/qemu-system-x86_64"), "--version"]
     assert tools.as_dict()["bundle"] is True
+
+
+def test_xz_packs_with_the_xz_program_on_every_core_and_with_python_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert shutil.which("xz"), "scripts/setup-debian installs xz-utils"
+    piped = tmp_path / "piped.tar.xz"
+    spawned: list[list[str]] = []
+    real_popen = bundle_archive.subprocess.Popen
+
+    def spy(argv: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        spawned.append(argv)
+        return real_popen(argv, **kw)  # type: ignore[call-overload, no-any-return]
+
+    monkeypatch.setattr(bundle_archive.subprocess, "Popen", spy)
+    bundle_archive.pack(staged(tmp_path), piped, level=3)
+    assert spawned and spawned[0][:3] == ["xz", "-q", "-T0"]
+    monkeypatch.setattr(bundle_archive.shutil, "which", lambda name: None)
+    plain = tmp_path / "plain.tar.xz"
+    bundle_archive.pack(staged(tmp_path / "again"), plain, level=3)
+    for archive in (piped, plain):
+        dest = bundle_archive.install(archive, tmp_path / f"tools-{archive.stem}")
+        assert (dest / "usr/share/data.txt").read_text() == "data\n"
