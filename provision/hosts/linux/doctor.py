@@ -16,6 +16,7 @@ from provision.adapters import qemu
 from provision.adapters.program import run_tool
 from provision.core.diagnostics import Check, DoctorContext
 from provision.hosts.linux import accel, display
+from provision.hosts.linux.bundle_archive import is_bundle
 
 HOST_TOOLS_ENV = "PROVISION_HOST_TOOLS"
 QEMU = qemu.BINARY
@@ -164,6 +165,8 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     )
     dri = Path("/dev/dri")
     nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
-    checks.append(check_display(nodes, display.egl_vendors(chroot_root(env) or Path("/"), env)))
+    # QEMU runs inside a chroot's tree, but a bundle's QEMU runs on the host's: its EGL vendors are the host's.
+    tree = chroot_root(env)
+    checks.append(check_display(nodes, display.egl_vendors(tree if tree and not is_bundle(tree) else Path("/"), env)))
     checks.append(accel.host_decision(with_dmesg=True).check())
     return checks

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import lzma
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -41,6 +42,7 @@ JUNK = (
     "usr/share/vulkan/explicit_layer.d", "usr/share/vulkan/implicit_layer.d", "var/cache", "var/lib/apt",
     "var/log", "usr/lib/x86_64-linux-gnu/dri", "usr/share/drirc.d", "boot",
 )
+GLIBC_LIB = re.compile(r"^(libc|libm|libmvec|libdl|libpthread|librt|libutil|libresolv|libanl|libnss_\w+)\.so")
 PROGRAM_DIRS = ("usr/bin", "usr/sbin", "usr/libexec", "usr/lib/klibc/bin", "usr/local")
 # The programs a job runs (the bench, the op tests, the checks' shell) and the guest init's tools;
 # every other ELF program in PROGRAM_DIRS goes. Scripts stay (they load nothing).
@@ -127,7 +129,9 @@ def prune(root: Path) -> dict[str, int]:
     for p in sorted(libdir.rglob("*.so*")):
         if p.is_symlink() or not p.is_file():
             continue
-        if p.resolve() in needed or not elf.is_elf(p):
+        # glibc's own libraries stay: a driver loaded from outside the root (a host's GPU driver run
+        # against this root, as on the lent H200) may name libdl or libpthread though nothing here does.
+        if GLIBC_LIB.match(p.name) or p.resolve() in needed or not elf.is_elf(p):
             kept += 1
         else:
             p.unlink()
