@@ -95,8 +95,8 @@ def _elf_files(root: Path, dirs: Iterable[str]) -> list[str]:
     return out
 
 
-def prune(root: Path) -> dict[str, int]:
-    """Cut the unpacked root at ``root`` to its programs and what they load; returns counts."""
+def prune(root: Path, programs: frozenset[str] = KEEP_PROGRAMS) -> dict[str, int]:
+    """Cut the unpacked root at ``root`` to ``programs`` and what they load; returns counts."""
     removed = 0
     for rel in JUNK:
         if (root / rel).exists():
@@ -114,7 +114,7 @@ def prune(root: Path) -> dict[str, int]:
         layer.unlink()
     starts = []
     for rel in _elf_files(root, PROGRAM_DIRS):
-        if Path(rel).name in KEEP_PROGRAMS or rel.startswith("usr/lib/klibc/"):
+        if Path(rel).name in programs or rel.startswith("usr/lib/klibc/"):
             starts.append(rel)
         else:
             (root / rel).unlink()
@@ -182,14 +182,14 @@ def initrd_bytes(root: Path, modules: Iterable[str] = ROOT_MODULES) -> bytes:
     return z.compress(out) + z.flush()
 
 
-def make(full: RootDisk, out_dir: Path, stack: str) -> RootDisk:
+def make(full: RootDisk, out_dir: Path, stack: str, programs: frozenset[str] = KEEP_PROGRAMS) -> RootDisk:
     """The minimal disk of ``full`` in ``out_dir`` (root.img, the kernel, initrd.img, disk.json)."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     tree = out_dir / "tree"
     _debugfs_dump(full.disk, tree)
-    counts = prune(tree)
+    counts = prune(tree, programs)
     (out_dir / "initrd.img").write_bytes(initrd_bytes(tree))
     shutil.copy2(full.kernel, out_dir / full.kernel.name)
     _mkfs(tree, out_dir / "root.img", "root", extra_mib=16)
