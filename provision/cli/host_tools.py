@@ -137,7 +137,13 @@ def _bundle(args: argparse.Namespace) -> int:
 
                 disk = minimal.make(disk, args.bundle.with_name(f".{args.bundle.name}.{name}.minimal"), name)
             guests.append(bundle.Guest(stack.name, ref, image_id, disk.kernel, disk.initrd, disk.disk))
-        manifest = bundle.make(chroot.root, args.bundle, guests, host_driver=args.host_driver, apir=args.apir)
+        try:
+            manifest = bundle.make(chroot.root, args.bundle, guests, host_driver=args.host_driver, apir=args.apir)
+        finally:
+            import shutil
+
+            for name in args.stack or []:  # the minimal disks' work trees (copied into the bundle)
+                shutil.rmtree(args.bundle.with_name(f".{args.bundle.name}.{name}.minimal"), ignore_errors=True)
         checks = []
         payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
     if args.json:
