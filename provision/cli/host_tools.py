@@ -142,7 +142,7 @@ def _bundle(args: argparse.Namespace) -> int:
         finally:
             import shutil
 
-            for name in args.stack or []:  # the minimal disks' work trees (copied into the bundle)
+            for name in args.stack or ["llama-linux"]:  # the minimal disks' work trees (copied into the bundle)
                 shutil.rmtree(args.bundle.with_name(f".{args.bundle.name}.{name}.minimal"), ignore_errors=True)
         checks = []
         payload = {"bundle": str(args.bundle), "bytes": args.bundle.stat().st_size, "files": len(manifest["files"])}  # type: ignore[arg-type]
