@@ -246,3 +246,24 @@ def test_a_docstring_may_import_line_is_read_like_a_readme_cell() -> None:
 
 def test_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_only_the_runner_imports_subprocess() -> None:
+    """Every child goes through the owned process tree: adapters/procs.py and its face, adapters/runner.py."""
+    allowed = {PACKAGE / "adapters" / "procs.py", PACKAGE / "adapters" / "runner.py"}
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if any(n == "subprocess" or n.startswith("subprocess.") for n in names) and path not in allowed:
+                found.append(str(path.relative_to(PACKAGE)))
+    assert found == []
+
+
+def test_the_cli_renders_json_in_one_place() -> None:
+    """Handlers return results; `--json` is rendered by cli/output.py, never branched on in a handler."""
+    branches = [f"{p.name}:{n}" for p in sorted((PACKAGE / "cli").glob("*.py"))
+                for n, line in enumerate(p.read_text().splitlines(), 1) if "args.json" in line]  # fmt: skip
+    assert branches == []

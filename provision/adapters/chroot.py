@@ -4,7 +4,7 @@ The mounts are made in a private mount namespace created for that one process
 (``unshare --mount --propagation private``), so they vanish when the process exits, even
 on SIGKILL: nothing is left mounted on the host and concurrent runs never unmount each
 other's /dev. ``unshare`` and ``chroot`` exec into the program, so the pid of the Popen
-is the pid of the program itself (QEMU, Xvfb): killing and reaping it needs no tree walk.
+is the pid of the program itself (QEMU): killing and reaping it needs no tree walk.
 """
 
 from __future__ import annotations

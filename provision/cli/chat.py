@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from provision.cli.output import command
+from provision.cli.output import command, human_stream
 from provision.core import values
 from provision.core.result import Result
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> Result:
         raise InvalidValue(f"--max-tokens {args.max_tokens}: must be at least 1", fix="--max-tokens 512")
     target = chat.target_url(args.target, serve_state.entries())
     client = chat.ChatClient(target, model=args.model, timeout=args.timeout)
-    out = sys.stderr if args.json else sys.stdout
+    out = human_stream(args)
     session = chat_session.Session(client, out, system=args.system, max_tokens=args.max_tokens,
                                    temperature=args.temperature)  # fmt: skip
     if args.prompt is not None:
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> Result:
 
         def read(prompt: str) -> str:
             # the prompt goes where the tokens go: with --json, stdout carries the final JSON alone
-            if not args.json:
+            if out is sys.stdout:
                 return input(prompt)
             sys.stderr.write(prompt)
             sys.stderr.flush()

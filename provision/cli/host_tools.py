@@ -27,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "sudo provision host-tools --bundle krun-host-tools.tar.zst",
         "provision host-tools --from krun-host-tools.tar.zst",
         "sudo provision host-tools --bundle krun-host-tools.tar.xz   # installs where no zstd is",
+        "sudo provision host-tools --bundle gpu-host.tar.xz --host-driver --no-guest   # a host with its GPU driver",
         json=True,
     )
     p.add_argument("--check", action="store_true", help="only report what is there (doctor-style), build nothing")
@@ -49,8 +50,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="pack the tools (with their libraries, loader and libc) and a guest disk for a host without sid; "
         ".tar.xz or .tar.gz instead of .tar.zst need no zstd program to install",
     )
-    p.add_argument("--stack", default="llama-linux", help="with --bundle: the stack whose guest disk goes in")
+    p.add_argument(
+        "--stack", action="append", default=None,
+        help="with --bundle: a stack whose guest disk goes in (repeat for several; default llama-linux)",
+    )
+    p.add_argument(
+        "--minimal", action="store_true",
+        help="with --bundle: cut each guest disk to what runs (hosts/linux/minimal.py): no lavapipe, no LLVM, "
+        "a small initrd",
+    )
     p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")
+    p.add_argument(
+        "--host-driver",
+        action="store_true",
+        help="with --bundle: the host brings its GPU's EGL and Vulkan drivers; leave Mesa's software drivers "
+        "(llvmpipe, lavapipe, LLVM) out",
+    )
     p.add_argument(
         "--from", dest="from_", type=Path, metavar="OUT.tar.zst",
         help="install a bundle made by --bundle (.tar.xz/.tar.gz with Python alone)",
@@ -98,13 +113,15 @@ def _bundle(args: argparse.Namespace) -> Result:
     if args.bundle is not None and args.from_ is not None:
         raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
     checks: list[Check] = []
+    if args.host_driver and args.bundle is None:
+        raise InvalidValue("--host-driver is only used with --bundle", fix="add --bundle OUT.tar.xz, or drop it")
     if args.from_ is not None:
         payload, checks = tools_bundle.install(args.from_, args.to)
     else:
         if args.to is not None:
             raise InvalidValue("--to is only used with --from")
-        if args.apir:
-            raise InvalidValue("--bundle with --apir is not supported yet", fix="make the bundle without --apir")
-        payload = tools_bundle.make(args.bundle, args.stack, not args.no_guest)
+        payload = tools_bundle.make(args.bundle, args.stack or ["llama-linux"], not args.no_guest,
+                                    minimal=args.minimal, host_driver=args.host_driver, apir=args.apir,
+                                    virgl_src=args.virgl_src)  # fmt: skip
     lines = [f"{k}: {v}" for k, v in payload.items() if k != "checks"] + ([checks_table(checks)] if checks else [])
     return Result(payload, "\n".join(lines), exit_status=1 if failed(checks) else 0)

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from provision.core.result import Result, as_result, envelope
 
@@ -47,6 +47,12 @@ def emit(command: str, outcome: Result | int | None, *, as_json: bool) -> int:
     if result.error is not None:
         print(result.error.render(), file=sys.stderr)
     return result.exit
+
+
+def human_stream(args: argparse.Namespace) -> TextIO:
+    """Where a command streams what a person reads while it works: stderr when ``--json`` keeps
+    stdout for the envelope alone."""
+    return sys.stderr if getattr(args, "json", False) else sys.stdout
 
 
 def emit_error(command: str, error: dict[str, Any]) -> None:

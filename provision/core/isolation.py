@@ -1,5 +1,5 @@
 """What a guest may reach, as data: QEMU's seccomp sandbox, the name of the unprivileged user
-the Linux route runs QEMU, the render server and Xvfb as, and the limits every run gets.
+the Linux route runs QEMU and the render server as, and the limits every run gets.
 
 Pure. A guest gets the GPU (GPU runs only), the model and its job (both read-only), and
 nothing else: no NIC unless ``serve`` publishes one port, a read-only root disk, bounded

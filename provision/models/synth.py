@@ -15,6 +15,7 @@ from pathlib import Path
 from provision.core.errors import ToolMissing, UnknownModel
 from provision.core.pins import Pins
 from provision.models.synth_llama import add_spm_vocab, write_llama_kquant, write_out
+from provision.models.synth_qwen2 import write_qwen2_shape
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def write_tiny_llama(path: Path, shape: LlamaShape = LlamaShape()) -> None:
 GENERATORS: dict[str, Callable[[Path], None]] = {
     "tiny-llama": write_tiny_llama,
     "llama-kquant": write_llama_kquant,
+    "qwen2-0.5b-shape": write_qwen2_shape,
 }
 
 

@@ -225,7 +225,7 @@ def slot_of(pid: int) -> Path:
 def test_stop_ends_it_and_leaves_no_process_and_a_free_slot(served: dict[str, Any]) -> None:
     below = watchdog.descendants(served["pid"])
     names = " ".join(below.values())
-    assert "qemu" in names and "Xvfb" in names and re.search(r"virgl|render", names), below
+    assert "qemu" in names and "Xvfb" not in names and re.search(r"virgl|render", names), below
     slot = slot_of(served["pid"])
     proc = provision("stop", "e2e-gpu", timeout=180)
     assert proc.returncode == 0 and "e2e-gpu: stopped" in proc.stdout, proc.stderr

@@ -57,9 +57,34 @@ def _ggml() -> apir_route.HostGgml:
     return apir_route.HostGgml(lib / "libggml-virtgpu-backend.so", lib / str(v.ggml_library), str(v.ggml_reg))
 
 
+# A bundle's host brings its own ggml (built there, e.g. `provision ggml build --variant cuda`):
+# the directory holding libggml-virtgpu-backend.so and one GPU backend library.
+HOST_GGML_ENV = "PROVISION_APIR_HOST_GGML"
+
+
+def _bundle_ggml(where: str) -> apir_route.HostGgml:
+    lib = PurePosixPath(where)
+    for name in ("cuda", "vulkan"):
+        v = ggml_build.variant(name)
+        if Path(str(lib / str(v.ggml_library))).is_file():
+            return apir_route.HostGgml(lib / "libggml-virtgpu-backend.so", lib / str(v.ggml_library), str(v.ggml_reg))
+    raise HostToolsMissing(
+        f"{HOST_GGML_ENV}={where} holds neither libggml-cuda.so nor libggml-vulkan.so",
+        fix=f"point {HOST_GGML_ENV} at the bin/ of `provision ggml build --variant cuda` (or vulkan)",
+    )
+
+
 def locate(tools: host_tools.HostTools | None = None) -> ApirHost | None:
     tools = tools if tools is not None else host_tools.locate()
-    if tools is None or not (tools.root / STAMP).is_file():
+    if tools is None:
+        return None
+    if tools.bundle and os.environ.get(HOST_GGML_ENV):
+        # A bundle made with --apir: its virglrenderer at the chroot's path under the bundle root.
+        prefix = PurePosixPath(str(tools.root)) / str(virgl_apir.PREFIX).lstrip("/")
+        if not Path(str(prefix / "lib" / "libvirglrenderer.so.1")).is_file():
+            return None
+        return ApirHost(tools, apir_route.VirglPrefix(prefix), _bundle_ggml(os.environ[HOST_GGML_ENV]))
+    if not (tools.root / STAMP).is_file():
         return None
     return ApirHost(tools, apir_route.VirglPrefix(virgl_apir.PREFIX), _ggml())
 
@@ -93,7 +118,7 @@ def checks(tools: host_tools.HostTools | None = None) -> list[Check]:
         ("host-tools.apir.backend", found.ggml.backend_library),
         ("host-tools.apir.ggml", found.ggml.ggml_library),
     ):
-        path = root / str(rel).lstrip("/")
+        path = Path(str(rel)) if found.tools.bundle else root / str(rel).lstrip("/")
         out.append(
             Check(cid, "ok", str(path))
             if path.exists()

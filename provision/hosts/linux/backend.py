@@ -6,9 +6,10 @@ A run is a plan (runplan.py: a frozen RunPlan from a pure function, what `provis
 GPU guests get ``virtio-gpu-gl-pci`` with Venus: the guest's Mesa venus driver talks to
 virglrenderer's render server on the host, which runs the host's Vulkan driver (a real
 GPU, or lavapipe). Order of a run, each step failing with its own error code:
-catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> Xvfb -> QEMU ->
-the guest's exit status, or E021 on the deadline. QEMU and Xvfb are always stopped and
-reaped on every path out; started by adapters/procs.py, they also die with a killed provision.
+catalog rules (E007) -> host tools (E020) -> disks -> GPU slot (E022) -> QEMU (its GL display:
+a render node, or SDL's offscreen driver over EGL, display.py) -> the guest's exit status, or E021
+on the deadline. QEMU and its render server are always stopped and reaped on every path out;
+started by adapters/procs.py, they also die with a killed provision.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import shlex
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import procs, qemu, xvfb
+from provision.adapters import procs, qemu
 from provision.core import catalog
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, VmFailed
@@ -34,6 +34,7 @@ from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
 from provision.hosts.linux import bundle, companions, isolation, run_dirs, runplan, slots, watch
 from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux import display as gl_display
 from provision.hosts.linux import tools as host_tools
 
 IN_CHROOT = runplan.IN_CHROOT
@@ -202,9 +203,9 @@ def carry_out(
     on_start: Callable[[int, Path], None] | None = None,
     cancel: threading.Event | None = None,
 ) -> RunResult:
-    """The one function that runs a plan: job disk, GPU slot, the user drop, Xvfb, QEMU, the watch.
+    """The one function that runs a plan: job disk, GPU slot, the user drop, QEMU, the watch.
 
-    QEMU and Xvfb are stopped and reaped on every way out; the GPU slot is released.
+    QEMU and the render server it started are stopped and reaped on every way out; the GPU slot is released.
     """
     run_dir = plan.run_dir
     vmdisk.write_job_disk(plan.job, run_dir / "job.img")
@@ -237,14 +238,11 @@ def _boot(
     argv = plan.argv()
     (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
     env = {"HOME": user.home if user else "/root", **dict(plan.env)}
-    x: xvfb.Xvfb | None = None
-    proc: subprocess.Popen[bytes] | None = None
+    proc: procs.Popen[bytes] | None = None
     started = time.monotonic()
     try:
-        if display == "sdl":
-            x = xvfb.start(chroot, run_dir / "xvfb.log", wrap=tools.wrap)
-            env["DISPLAY"] = x.display
-            env["SDL_VIDEODRIVER"] = "x11"
+        if display == "sdl":  # no X server: SDL's offscreen driver makes QEMU's GL context over EGL
+            env.update(gl_display.run_env(tools.root if chroot else Path("/")))
         full = chroot.argv(argv, env) if chroot else tools.wrap(argv)
         with (run_dir / "qemu.log").open("wb") as qlog:
             proc = procs.spawn(
@@ -252,28 +250,25 @@ def _boot(
                 run_dir,
                 "qemu",
                 keep_fds=keep_fds,
-                stdin=subprocess.DEVNULL,
+                stdin=procs.DEVNULL,
                 stdout=qlog,
-                stderr=subprocess.STDOUT,
+                stderr=procs.STDOUT,
                 env=None if chroot else {**os.environ, **env},
             )
         log(
             f"qemu pid={proc.pid} accel={accel} gpu={'venus' if plan.gpu else 'none'} display={display} run={run_dir}"
-            + isolation.log_fields(x.pid if x else None, user)
+            + isolation.log_fields(user)
         )
         if on_start is not None:
             on_start(proc.pid, run_dir)
-        beside = companions.Companions(proc.pid, run_dir, xvfb=procs.record_of(x.pid, run_dir) if x else None)
+        beside = companions.Companions(proc.pid, run_dir)
         status = watch.watch(proc, run_dir, deadline, out, err, watch_workers=plan.watch_workers, beside=beside,
                              cancel=cancel)
         wall = time.monotonic() - started
         return RunResult(status, run_dir, proc.pid, wall, accel)
     finally:
-        # QEMU first: with Xvfb gone first, QEMU's SDL display dies on the lost X connection instead.
         if proc is not None:
             procs.finish(proc, run_dir, grace_s=3.0)
-        if x is not None:
-            x.stop()
         procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
         run_dirs.finished(run_dir)
         run_dirs.prune()

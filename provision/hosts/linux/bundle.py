@@ -1,13 +1,15 @@
 """A relocatable host-tools bundle: the Linux route on a host with neither Debian sid nor a network.
 
 `provision host-tools --bundle OUT.tar.zst` copies out of the sid chroot what the route
-loads (QEMU and the modules it loads, virglrenderer's render server, Xvfb + xkbcomp, the
-GL/Vulkan loaders, Mesa's software drivers, firmware, and a guest disk) with their
+loads (QEMU and the modules it loads, virglrenderer's render server, the GL/Vulkan loaders,
+Mesa's software drivers unless the host brings its own GPU driver (``--host-driver``),
+firmware, and a guest disk) with their
 shared-library closure, the loader and libc included: the chroot's glibc is newer than
 most hosts', so every program starts through the carried ``ld-linux-x86-64.so.2
 --library-path`` from a small wrapper script at the path the chroot had it. GPU drivers
-(NVIDIA's Vulkan ICD and GLX/EGL vendor libraries) stay the host's: the carried loaders
-find them through the host's own manifests and ``ld.so.cache``.
+(NVIDIA's Vulkan ICD and EGL vendor library) stay the host's: the carried loaders find them
+through the host's own manifests and ``ld.so.cache``, or the manifests the user names
+(display.py). QEMU's GL display is SDL's offscreen driver over EGL: no X server travels.
 
 `provision host-tools --from OUT.tar.zst` installs it (bundle_archive.py; a ``.tar.xz`` or
 ``.tar.gz`` bundle installs with Python alone, where the target has no zstd); `tools.locate()`
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -36,23 +38,14 @@ from provision.images import build as images
 LIB = "usr/lib/x86_64-linux-gnu"
 LOADER = "ld-linux-x86-64.so.2"
 REAL = "usr/lib/krun-gpu/bin"  # the programs themselves; their old paths hold wrappers
-# Xvfb runs "<XkbBinDirectory>/xkbcomp" through /bin/sh, with a directory compiled in
-# ("/usr/bin") that no flag changes; the bundle's copy is patched to a relative one and
-# its wrapper starts Xvfb in the bundle root, where that directory holds xkbcomp's wrapper.
-XKB_BIN_FROM, XKB_BIN_TO = b"/usr/bin\0", b"xkb-bin\0"
-# As root Xvfb has xkbcomp write its output to /var/lib/xkb/, absent on most hosts.
-XKM_DIR_FROM, XKM_DIR_TO = b"/var/lib/xkb/\0", b"/tmp/\0"
-
-# Programs: chroot path -> what the wrapper adds (environment lines, extra arguments, cd).
+# Programs: chroot path -> what the wrapper adds (environment lines, extra arguments).
 PROGRAMS = {
     "usr/bin/qemu-system-x86_64": "qemu",
     "usr/libexec/virgl_render_server": "render-server",
-    "usr/bin/Xvfb": "xvfb",
-    "usr/bin/xkbcomp": "xkbcomp",
 }
 # Loaded with dlopen, so no DT_NEEDED names them (measured from /proc/PID/maps of a GPU run
 # in the chroot: QEMU's SDL GL display, virglrenderer through libepoxy, Venus through the
-# Vulkan loader, Xvfb's GLX). Globs relative to the chroot root.
+# Vulkan loader). Globs relative to the chroot root.
 DLOPENED = (
     f"{LIB}/qemu/hw-display-virtio-gpu.so",
     f"{LIB}/qemu/hw-display-virtio-gpu-gl.so",
@@ -68,10 +61,6 @@ DLOPENED = (
     f"{LIB}/libEGL.so.1",
     f"{LIB}/libGLdispatch.so.0",
     f"{LIB}/libOpenGL.so.0",
-    f"{LIB}/libGLX_mesa.so.0",
-    f"{LIB}/libEGL_mesa.so.0",
-    f"{LIB}/dri/swrast_dri.so",
-    f"{LIB}/libvulkan_lvp.so",
     f"{LIB}/libX*.so.[0-9]",
     f"{LIB}/libxkbcommon.so.0",
     f"{LIB}/libSDL3.so.0",
@@ -81,10 +70,19 @@ DLOPENED = (
 FIRMWARE = ("bios-256k.bin", "kvmvapic.bin", "linuxboot_dma.bin", "efi-virtio.rom")
 # Debian's QEMU looks in both; the bundle's wrapper gives QEMU one directory (-L).
 FIRMWARE_DIRS = ("usr/share/qemu", "usr/share/seabios")
-DATA_TREES = ("usr/share/X11/xkb",)
+# Mesa's software drivers (llvmpipe EGL, lavapipe; with libLLVM, libgallium, libz3 behind them):
+# the GPU of a host without one. Left out for a host that brings its own driver.
+MESA_DRIVERS = (
+    f"{LIB}/libGLX_mesa.so.0",
+    f"{LIB}/libEGL_mesa.so.0",
+    f"{LIB}/dri/swrast_dri.so",
+    f"{LIB}/libvulkan_lvp.so",
+)
 VULKAN_ICDS = {"lvp_icd.json": "libvulkan_lvp.so"}
 EGL_VENDORS = {"50_mesa.json": "libEGL_mesa.so.0"}
 GUEST_DIR = "guest"
+# The APIR route's virglrenderer, built in the chroot by `provision host-tools --apir` (apir/host.py).
+APIR_FILES = ("opt/virgl-apir/lib/libvirglrenderer.so.1", "opt/virgl-apir/libexec/virgl_render_server")
 
 
 @dataclass(frozen=True)
@@ -174,20 +172,8 @@ def wrapper(real: str, kind: str, depth: int) -> str:
             'export RENDER_SERVER_EXEC_PATH="${RENDER_SERVER_EXEC_PATH:-$here/usr/libexec/virgl_render_server}"',
         ]
         args = '-L "$here/usr/share/qemu" "$@"'
-    elif kind == "xvfb":
-        lines.append('cd "$here"')
-        args = '"$@" -xkbdir "$here/usr/share/X11/xkb"'
     lines.append(f'exec "$lib/{LOADER}" --library-path "$libs" --argv0 "$0" "$here/{real}" {args}')
     return "\n".join(lines) + "\n"
-
-
-def _patch_once(data: bytes, old: bytes, new: bytes, what: str) -> bytes:
-    if len(new) > len(old) or data.count(old) != 1:
-        raise HostToolsMissing(
-            f"cannot relocate Xvfb's {what}: {old!r} occurs {data.count(old)} times (expected once)",
-            fix="the pinned xvfb changed; update provision/hosts/linux/bundle.py (XKB_BIN_FROM/XKM_DIR_FROM)",
-        )
-    return data.replace(old, new.ljust(len(old), b"\0"))
 
 
 def icd_manifest(library: str, depth: int) -> str:
@@ -196,10 +182,19 @@ def icd_manifest(library: str, depth: int) -> str:
     return json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": rel, "api_version": "1.4.0"}})
 
 
-def stage(root: Path, out: Path, guest: Guest | None, log: Callable[[str], None]) -> dict[str, object]:
-    """Lay the bundle out in ``out`` from the chroot at ``root``; returns the manifest (written too)."""
-    starts = list(PROGRAMS)
-    for pattern in DLOPENED:
+def stage(
+    root: Path,
+    out: Path,
+    guests: Sequence[Guest],
+    log: Callable[[str], None],
+    *,
+    host_driver: bool = False,
+    apir: bool = False,
+) -> dict[str, object]:
+    """Lay the bundle out in ``out`` from the chroot at ``root``; returns the manifest (written too).
+    ``host_driver``: the host brings its GPU's EGL and Vulkan drivers, Mesa's software ones stay out."""
+    starts = list(PROGRAMS) + (list(APIR_FILES) if apir else [])
+    for pattern in DLOPENED + (() if host_driver else MESA_DRIVERS):
         starts += [str(p.relative_to(root)) for p in sorted(root.glob(pattern))]
     libs = closure(root, starts)
     lib_dir = out / LIB
@@ -212,7 +207,7 @@ def stage(root: Path, out: Path, guest: Guest | None, log: Callable[[str], None]
     for name, path in sorted(libs.items()):
         shutil.copyfile(path, lib_dir / name)
     for rel in starts:
-        if rel in PROGRAMS:
+        if rel in PROGRAMS or rel in APIR_FILES:
             continue
         src = _resolve(root, rel)
         dest = out / rel
@@ -224,24 +219,15 @@ def stage(root: Path, out: Path, guest: Guest | None, log: Callable[[str], None]
         if src is None:
             raise HostToolsMissing(f"{rel} is missing in {root}", fix="rebuild the chroot: `provision host-tools`")
         real = f"{REAL}/{PurePosixPath(rel).name}"
-        data = src.read_bytes()
-        if kind == "xvfb":
-            data = _patch_once(data, XKB_BIN_FROM, XKB_BIN_TO, "xkbcomp directory")
-            data = _patch_once(data, XKM_DIR_FROM, XKM_DIR_TO, "keymap output directory")
         (out / real).parent.mkdir(parents=True, exist_ok=True)
-        (out / real).write_bytes(data)
-        script_at = XKB_BIN_TO.rstrip(b"\0").decode() + "/xkbcomp" if kind == "xkbcomp" else rel
-        _write_script(out / script_at, wrapper(real, kind, len(PurePosixPath(script_at).parts) - 1))
+        shutil.copyfile(src, out / real)
+        _write_script(out / rel, wrapper(real, kind, len(PurePosixPath(rel).parts) - 1))
     (out / "usr/share/qemu").mkdir(parents=True)
     for name in FIRMWARE:
         found = [p for p in (_resolve(root, f"{d}/{name}") for d in FIRMWARE_DIRS) if p is not None]
         if not found:
             raise HostToolsMissing(f"QEMU firmware {name} is missing in {root}", fix="rebuild the chroot")
         shutil.copyfile(found[0], out / "usr/share/qemu" / name)
-    for tree in DATA_TREES:
-        src = _resolve(root, tree)
-        if src is not None:
-            shutil.copytree(src, out / tree, symlinks=False)
     icd_dir = out / "usr/share/vulkan/icd.d"
     icd_dir.mkdir(parents=True)
     for json_name, library in VULKAN_ICDS.items():
@@ -254,17 +240,56 @@ def stage(root: Path, out: Path, guest: Guest | None, log: Callable[[str], None]
             (egl_dir / json_name).write_text(
                 json.dumps({"file_format_version": "1.0.0", "ICD": {"library_path": library}})
             )
-    guest_meta: dict[str, str] = {}
-    if guest:
-        (out / GUEST_DIR).mkdir()
-        for role, path in (("kernel", guest.kernel), ("initrd", guest.initrd), ("disk", guest.disk)):
-            shutil.copyfile(path, out / GUEST_DIR / path.name)
-            guest_meta[role] = path.name
-        guest_meta.update(stack=guest.stack, image=guest.image, image_id=guest.image_id)
-    manifest: dict[str, object] = {"format": FORMAT, "guest": guest_meta, "files": hashes(out)}
+    metas = _stage_guests(out, guests)
+    if apir:
+        _stage_apir(root, out, libs)
+    manifest: dict[str, object] = {
+        "format": FORMAT,
+        "guest": metas[0] if metas else {},
+        "guests": {m["stack"]: m for m in metas},
+        "host_driver": host_driver,
+        "apir": apir,
+        "files": hashes(out),
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
     log(f"bundle: {len(libs)} libraries, {sum(p.stat().st_size for p in out.rglob('*') if p.is_file()) >> 20} MiB")
     return manifest
+
+
+def _stage_guests(out: Path, guests: Sequence[Guest]) -> list[dict[str, str]]:
+    """Each guest in guest/<stack>/, kernels once in guest/ (the routes' images share the pinned one)."""
+    metas = []
+    for g in guests:
+        (out / GUEST_DIR / g.stack).mkdir(parents=True)
+        kernel = out / GUEST_DIR / g.kernel.name
+        if kernel.exists() and kernel.read_bytes() != g.kernel.read_bytes():
+            raise HostToolsMissing(f"two different kernels named {g.kernel.name} in one bundle",
+                                   fix="bundle the stacks one at a time (--stack once)")
+        if not kernel.exists():
+            shutil.copyfile(g.kernel, kernel)
+        meta = {"stack": g.stack, "image": g.image, "image_id": g.image_id, "kernel": g.kernel.name}
+        for role, path in (("initrd", g.initrd), ("disk", g.disk)):
+            shutil.copyfile(path, out / GUEST_DIR / g.stack / path.name)
+            meta[role] = f"{g.stack}/{path.name}"
+        metas.append(meta)
+    return metas
+
+
+def _stage_apir(root: Path, out: Path, libs: dict[str, Path]) -> None:
+    """The APIR route's virglrenderer (``provision host-tools --apir``, /opt/virgl-apir in the
+    chroot) at the same path in the bundle: its library and render server, started through our loader."""
+    for rel in APIR_FILES:
+        src = _resolve(root, rel)
+        if src is None:
+            raise HostToolsMissing(f"{rel} is missing in {root}", fix="run `provision host-tools --apir` first")
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if rel.endswith("virgl_render_server"):
+            real = f"{REAL}/apir-virgl_render_server"
+            shutil.copyfile(src, out / real)
+            _write_script(dest, wrapper(real, "render-server", len(PurePosixPath(rel).parts) - 1))
+        else:
+            shutil.copyfile(src, dest)
 
 
 def _write_script(path: Path, text: str) -> None:
@@ -277,17 +302,20 @@ def root_disk_for(tools: HostTools, stack: Stack) -> RootDisk | None:
     """The guest disk an installed bundle carries for ``stack`` and these pins (no podman needed)."""
     if not tools.bundle:
         return None
-    g = guest(tools.root)
-    if g is None or g.stack != stack.name:
+    g = guest(tools.root, stack.name)
+    if g is None:
         return None
     if g.image != images.default_tag(images.render_stack(stack, pins_mod.default())):
         return None
     return RootDisk(g.disk, g.kernel, g.initrd, g.image_id)
 
 
-def guest(root: Path) -> Guest | None:
-    """The guest a bundle holds, or None."""
-    meta = json.loads((root / MANIFEST).read_text()).get("guest", {})
+def guest(root: Path, stack: str | None = None) -> Guest | None:
+    """The guest a bundle holds for ``stack`` (default: its first), or None."""
+    manifest = json.loads((root / MANIFEST).read_text())
+    meta = manifest.get("guests", {}).get(stack) if stack else manifest.get("guest", {})
+    if not meta and stack and manifest.get("guest", {}).get("stack") == stack:
+        meta = manifest["guest"]  # a bundle made before several guests
     if not meta:
         return None
     g = root / GUEST_DIR
@@ -297,7 +325,14 @@ def guest(root: Path) -> Guest | None:
 
 
 def make(
-    root: Path, out: Path, guest: Guest | None, *, level: int = 10, log: Callable[[str], None] | None = None
+    root: Path,
+    out: Path,
+    guests: Sequence[Guest],
+    *,
+    level: int = 10,
+    log: Callable[[str], None] | None = None,
+    host_driver: bool = False,
+    apir: bool = False,
 ) -> dict[str, object]:
     """Stage the bundle beside ``out``, pack it, remove the staging tree; returns the manifest."""
     log = log or say("host-tools")  # stderr: stdout is for --json
@@ -307,7 +342,7 @@ def make(
         shutil.rmtree(staging)
     staging.mkdir(parents=True)
     try:
-        manifest = stage(root, staging, guest, log)
+        manifest = stage(root, staging, guests, log, host_driver=host_driver, apir=apir)
         log(f"bundle: packing {out} ({kind}, level {level})")
         pack(staging, out, level=level)
     finally:

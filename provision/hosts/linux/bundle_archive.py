@@ -17,7 +17,6 @@ import json
 import lzma
 import os
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path, PurePosixPath
 
@@ -42,6 +41,11 @@ def is_bundle(root: Path) -> bool:
 def hashes(top: Path) -> dict[str, str]:
     files = (p for p in sorted(top.rglob("*")) if p.is_file() and p.name != MANIFEST)
     return {str(p.relative_to(top)): sha256_file(p) for p in files}
+
+
+def tree_bytes(top: Path) -> int:
+    """The bytes of the regular files under ``top`` (an installed bundle's size)."""
+    return sum(p.stat().st_size for p in top.rglob("*") if p.is_file() and not p.is_symlink())
 
 
 def compression_for(dest: Path) -> str:
@@ -73,6 +77,9 @@ def pack(staged: Path, dest: Path, *, level: int = 10) -> None:
     try:
         if kind == "zst":
             _pack_zstd(staged, partial, dest, level)
+        elif kind == "xz" and shutil.which("xz"):
+            # xz -T0 uses every core: a bundle with guests is ~300 MB of input, minutes on one core.
+            _pack_pipe(["xz", "-q", "-T0", f"-{min(level, 9)}", "-c"], staged, partial, dest)
         elif kind == "xz":
             with lzma.open(partial, "wb", preset=min(level, 9)) as sink, \
                     tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -92,12 +99,14 @@ def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
         raise HostToolsMissing(
             "zstd is not installed", fix=f"apt-get install zstd, or name the bundle {dest.stem}.xz (no zstd needed)"
         )
+    _pack_pipe(["zstd", "-q", "-T0", f"-{level}", "--long=27", "-c"], staged, partial, dest)
+
+
+def _pack_pipe(compressor: list[str], staged: Path, partial: Path, dest: Path) -> None:
     run_dir = procs.job_dir()
     with partial.open("wb") as sink:
-        # On the owned process tree: a killed provision takes its zstd with it.
-        proc = procs.spawn(
-            ["zstd", "-q", "-T0", f"-{level}", "--long=27", "-c"], run_dir, "zstd", stdin=subprocess.PIPE, stdout=sink
-        )
+        # On the owned process tree: a killed provision takes its compressor with it.
+        proc = procs.spawn(compressor, run_dir, compressor[0], stdin=procs.PIPE, stdout=sink)
         try:
             assert proc.stdin is not None
             with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -107,7 +116,9 @@ def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
         finally:
             procs.finish(proc, run_dir)
         if proc.returncode != 0:
-            raise HostToolsMissing(f"zstd failed writing {dest}", fix="check the free space where OUT.tar.zst goes")
+            raise HostToolsMissing(
+                f"{compressor[0]} failed writing {dest}", fix=f"check the free space where {dest} goes"
+            )
 
 
 def default_install_dir() -> Path:
@@ -171,7 +182,7 @@ def _unpack(archive: Path, into: Path, kind: str) -> None:
         _refuse(archive, bad)
         return
     run_dir = procs.job_dir()
-    proc = procs.spawn(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], run_dir, "zstd", stdout=subprocess.PIPE)
+    proc = procs.spawn(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], run_dir, "zstd", stdout=procs.PIPE)
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:

@@ -2,8 +2,9 @@
 
 QEMU does not always notice: a render server killed while the guest holds no Vulkan context
 is only missed at the next context, and a guest running ``sleep`` would then hold its GPU
-slot until its deadline. So the run watches Xvfb (ours) and the render server (QEMU's child,
-recorded with ``procs.adopt`` once seen, so it is stopped with the run even if QEMU is gone).
+slot until its deadline. So the run watches the render server (QEMU's child, recorded with
+``procs.adopt`` once seen, so it is stopped with the run even if QEMU is gone). QEMU's GL display
+is in QEMU itself (a render node, or SDL's offscreen driver: display.py): no X server to watch.
 """
 
 from __future__ import annotations
@@ -19,13 +20,10 @@ from provision.hosts.linux import watchdog
 class Companions:
     qemu_pid: int
     run_dir: Path
-    xvfb: procs.Record | None = None
     render_server: procs.Record | None = None
 
     def poll(self) -> str | None:
         """What died (a sentence), or None while every companion lives."""
-        if self.xvfb is not None and not self.xvfb.alive():
-            return f"Xvfb (pid {self.xvfb.pid}), QEMU's display, exited"
         if self.render_server is None:
             for pid, name in watchdog.descendants(self.qemu_pid).items():
                 if watchdog.RENDER_SERVER.match(name) and procs.parent(pid) == self.qemu_pid:

@@ -16,12 +16,12 @@ from pathlib import Path
 from provision.adapters import qemu
 from provision.adapters.program import run_tool
 from provision.core.diagnostics import Check, DoctorContext
-from provision.hosts.linux import accel
+from provision.hosts.linux import accel, display
 from provision.hosts.linux import tools as host_tools
 
 HOST_TOOLS_ENV = host_tools.ENV_VAR
 QEMU = qemu.BINARY
-FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Xvfb)"
+FIX_TOOLS = "run `provision host-tools` (a Debian sid chroot with QEMU, virglrenderer, virgl-server, Mesa's EGL)"
 
 
 def _where(tools: host_tools.HostTools, path: Path) -> str:
@@ -91,16 +91,22 @@ def check_virglrenderer(lib: Path | None, server: Path | None) -> list[Check]:
     ]
 
 
-def check_display(render_nodes: list[str], xvfb: str | None) -> Check:
+def check_display(render_nodes: list[str], vendors: list[display.EglVendor]) -> Check:
+    """Which GL context QEMU will get: a render node's, or SDL offscreen on the first EGL vendor."""
     if render_nodes:
         return Check("linux.display", "ok", f"render node {render_nodes[0]}: -display egl-headless")
-    if xvfb is not None:
-        return Check("linux.display", "ok", f"no render node; Xvfb at {xvfb}: -display sdl,gl=on on Xvfb")
+    if vendors:
+        return Check(
+            "linux.display",
+            "ok",
+            f"no render node; -display sdl,gl=on with SDL_VIDEODRIVER=offscreen on EGL vendor {vendors[0].describe()}",
+        )
     return Check(
         "linux.display",
         "fail",
-        "no /dev/dri render node and no Xvfb: QEMU has no GL context for virglrenderer",
-        "apt install xvfb (with qemu-system-gui), or " + FIX_TOOLS,
+        "no /dev/dri render node and no EGL vendor manifest: QEMU has no GL context for virglrenderer",
+        f"name the GPU driver's manifest: export {display.VENDOR_ENV}=/path/to/10_nvidia.json, "
+        "or apt install libegl-mesa0, or " + FIX_TOOLS,
     )
 
 
@@ -119,7 +125,8 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     checks += check_virglrenderer(lib, server)
     dri = Path("/dev/dri")
     nodes = sorted(str(p) for p in dri.glob("renderD*")) if dri.is_dir() else []
-    xvfb = host_tools.find(tools, host_tools.XVFB, env) if tools else None
-    checks.append(check_display(nodes, _where(tools, xvfb) if tools and xvfb else None))
+    # QEMU runs inside a chroot's tree, but a bundle's QEMU runs on the host's: its EGL vendors are the host's.
+    tree = tools.root if tools is not None and tools.is_chroot else Path("/")
+    checks.append(check_display(nodes, display.egl_vendors(tree, env)))
     checks.append(accel.for_run(env, with_dmesg=True).check())
     return checks

@@ -1,6 +1,6 @@
 """Doctor checks: the isolation a Linux guest gets on this host (provision/core/isolation.py), as evidence.
 
-QEMU's seccomp sandbox, the user QEMU, the render server and Xvfb run as, the guest's
+QEMU's seccomp sandbox, the user QEMU, and the render server run as, the guest's
 network, which disks are read-only and the limits a run gets. The sandbox, network, disk
 and limit rows are read from QEMU command lines planned by runplan.plan_run (what every
 run is planned with) for the tools this host has: a change that loses ``-nic none`` or
@@ -23,13 +23,13 @@ from provision.hosts.linux.tools import HostTools
 def user_check(euid: int, tools_root: Path | None, is_chroot: bool) -> Check:
     cid = "linux.isolation.user"
     if euid != 0:
-        return Check(cid, "ok", f"provision is not root: QEMU, the render server and Xvfb run as uid {euid} (you)")
+        return Check(cid, "ok", f"provision is not root: QEMU and the render server run as uid {euid} (you)")
     if tools_root is None or not is_chroot:
         return Check(
             cid,
             "warn",
             "provision is root and its host tools are not a chroot (the host's own QEMU, or a `--from` bundle): "
-            "QEMU, the render server and Xvfb run as root",
+            "QEMU and the render server run as root",
             fix="run provision as a normal user (the host's QEMU and a bundle need no root), "
             "or use `provision host-tools` (its chroot drops them to the unprivileged krun-guest user)",
         )
@@ -38,7 +38,7 @@ def user_check(euid: int, tools_root: Path | None, is_chroot: bool) -> Check:
     return Check(
         cid,
         "ok",
-        f"QEMU, the render server and Xvfb drop from root to {isolation.GUEST_USER} ({who}) with no_new_privs "
+        f"QEMU and the render server drop from root to {isolation.GUEST_USER} ({who}) with no_new_privs "
         "before they start",
     )
 

@@ -1,9 +1,9 @@
-"""The unprivileged ``krun-guest`` user QEMU, the render server and Xvfb run as when provision is root.
+"""The unprivileged ``krun-guest`` user QEMU and the render server run as when provision is root.
 
 It lives in the host-tools tree (``provision host-tools`` adds it; a run adds it to an older
 tree), with ids free on the host as well, since the host kernel sees the same numbers. The
 drop itself is the chroot step's (``Chroot.as_user``: ``setpriv --no-new-privs`` + ``chroot
---userspec``), before QEMU or Xvfb start. Why not QEMU's ``-run-with user=``:
+--userspec``), before QEMU starts. Why not QEMU's ``-run-with user=``:
 provision/core/isolation.py.
 """
 
@@ -125,7 +125,7 @@ def hand_over(paths: Iterable[Path], user: GuestUser) -> None:
 
 
 def run_user(tools_root: Path, *, is_chroot: bool, devices: Iterable[Path] = ()) -> GuestUser | None:
-    """The user QEMU, the render server and Xvfb run as, or None when provision is not root
+    """The user QEMU and the render server run as, or None when provision is not root
     (they then run as the invoking user) or the tools are the host's own (no tree to enter)."""
     if os.geteuid() != 0 or not is_chroot:
         return None

@@ -1,4 +1,4 @@
-"""A Linux run's privilege drop: who QEMU, Xvfb and the render server run as, and what they may write.
+"""A Linux run's privilege drop: who QEMU and the render server run as, and what they may write.
 
 When provision is root and the tools are the host-tools chroot, every program of the run
 enters the chroot as ``krun-guest`` (provision/hosts/linux/guest_user.py) with no_new_privs,
@@ -48,8 +48,6 @@ def drop(
     return chroot.as_user(user.uid, user.gid, user.groups), user
 
 
-def log_fields(xvfb_pid: int | None, user: GuestUser | None) -> str:
-    """What the run's first log line adds (the e2e tests read the pids and the user from it)."""
-    return (f" xvfb pid={xvfb_pid}" if xvfb_pid is not None else "") + (
-        f" user={user.name}({user.uid})" if user is not None else ""
-    )
+def log_fields(user: GuestUser | None) -> str:
+    """What the run's first log line adds (the e2e tests read the user from it)."""
+    return f" user={user.name}({user.uid})" if user is not None else ""

@@ -1,6 +1,6 @@
 """`provision serve` on Linux: a LinuxBackend run in a worker thread, its NIC forwarding only the port.
 
-Stopping SIGTERMs QEMU, and the run's own cleanup (Xvfb, GPU slot, reaping) then happens in the
+Stopping SIGTERMs QEMU, and the run's own cleanup (render server, GPU slot, reaping) then happens in the
 worker exactly as on Ctrl-C.
 """
 
@@ -21,7 +21,7 @@ SERVE_LIMIT_S = 30 * 24 * 3600.0
 
 class LinuxGuest:
     """A LinuxBackend run in a worker thread. Stopping SIGTERMs QEMU: the run's own cleanup
-    (Xvfb, GPU slot, reaping) then happens in the worker, exactly as on Ctrl-C."""
+    (render server, GPU slot, reaping) then happens in the worker, exactly as on Ctrl-C."""
 
     def __init__(self, req: ServeRequest, *, out: BinaryIO, err: BinaryIO) -> None:
         from provision.adapters import qemu
@@ -83,7 +83,7 @@ class LinuxGuest:
             pid = self.qemu_pid
         if pid is not None and self._thread.is_alive():
             terminate(pid)
-        # QEMU goes within seconds; the worker then stops Xvfb (<= 5 s) and frees the slot.
+        # QEMU goes within seconds; the worker then stops the render server and frees the slot.
         self._thread.join(timeout=60)
 
     def failure(self) -> ProvisionError:

@@ -1,8 +1,8 @@
-"""Host tools for the Linux route: QEMU with Venus, virglrenderer + render server, Xvfb.
+"""Host tools for the Linux route: QEMU with Venus, virglrenderer + render server, glvnd's EGL.
 
 Debian 12's QEMU (7.2) and virglrenderer (0.10) predate Venus-over-virtio-gpu-gl, so
 ``provision host-tools`` makes a Debian sid chroot holding the pinned packages
-(pins.json ``debian.host_packages``) and provision runs QEMU and Xvfb inside it. The
+(pins.json ``debian.host_packages``) and provision runs QEMU inside it. The
 chroot lives in the cache under a key of suite + package list + versions, is built in a
 ``.partial`` directory and renamed into place only when complete.
 
@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -42,7 +41,8 @@ READY_STAMP = ".provision-host-tools.json"
 # Programs looked up inside the tools tree (relative to its root).
 RENDER_SERVER = "usr/libexec/virgl_render_server"
 VIRGL_LIB_GLOB = "usr/lib/*/libvirglrenderer.so.1*"
-XVFB = "usr/bin/Xvfb"
+# QEMU's SDL GL display loads it (SDL offscreen over EGL: display.py).
+EGL_LOADER = "usr/lib/x86_64-linux-gnu/libEGL.so.1"
 QEMU = "usr/bin/qemu-system-x86_64"
 
 
@@ -132,7 +132,7 @@ def _files_check(tools: HostTools) -> list[Check]:
     for cid, rel, pkg in (
         ("host-tools.qemu", QEMU, "qemu-system-x86"),
         ("host-tools.render-server", RENDER_SERVER, "virgl-server"),
-        ("host-tools.xvfb", XVFB, "xvfb"),
+        ("host-tools.egl", EGL_LOADER, "libegl1"),
     ):
         p = tools.path(rel)
         if p.exists():
@@ -159,7 +159,7 @@ def _fix(tools: HostTools | None) -> str:
         return "install the bundle again: `provision host-tools --from OUT.tar.zst`"
     if tools is not None and tools.source == "env":
         return f"point {ENV_VAR} at a chroot made by `provision host-tools`, or unset it"
-    return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Xvfb)"
+    return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Mesa's EGL)"
 
 
 def checks(tools: HostTools | None = None, *, probe: bool = True) -> list[Check]:
@@ -220,7 +220,7 @@ def _run(argv: list[str], log: Callable[[str], None], **kw: Any) -> None:
     """Run one step, streaming its output to ``log`` (long builds show progress)."""
     log("+ " + " ".join(argv[-12:]) if len(argv) > 12 else "+ " + " ".join(argv))
     run_dir = procs.job_dir()
-    proc = procs.spawn(argv, run_dir, "host-tools", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    proc = procs.spawn(argv, run_dir, "host-tools", stdout=procs.PIPE, stderr=procs.STDOUT, text=True, **kw)
     tail: list[str] = []
     assert proc.stdout is not None
     try:
@@ -273,7 +273,7 @@ def make(
         wanted = [f"{name}={version}" for name, version in spec.items()]
         _run(ch.argv(["apt-get", "install", "-y", "-q", *wanted], env), log)
         _run(ch.argv(["apt-get", "clean"], env), log)
-        # QEMU, the render server and Xvfb drop to this user (guest_user.py); runs add it to older trees.
+        # QEMU and the render server drop to this user (guest_user.py); runs add it to older trees.
         guest_user.ensure_user(partial)
         (partial / READY_STAMP).write_text(
             json.dumps({"suite": suite, "packages": spec, "key": cache_key(pins)}, indent=2)

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,12 +85,6 @@ def test_wrapper_is_valid_sh_and_passes_the_callers_library_path_first(tmp_path:
     ]
     assert out[-2] == "--version"
     assert out[-1] == f"RS={tmp_path}/usr/libexec/virgl_render_server"
-
-
-def test_patch_once_refuses_a_string_that_is_not_there_exactly_once() -> None:
-    assert bundle._patch_once(b"a/usr/bin\0b", b"/usr/bin\0", b"xkb\0", "dir") == b"axkb\0\0\0\0\0\0b"
-    with pytest.raises(HostToolsMissing):
-        bundle._patch_once(b"/usr/bin\0/usr/bin\0", b"/usr/bin\0", b"xkb\0", "dir")
 
 
 def staged(tmp_path: Path) -> Path:
@@ -259,3 +254,26 @@ def test_locate_takes_an_installed_bundle_from_the_env_and_runs_its_programs_in_
     assert tools is not None and tools.bundle and not tools.is_chroot
     assert tools.wrap(["qemu-system-x86_64", "--version"]) == [str(top / "usr/bin/qemu-system-x86_64"), "--version"]
     assert tools.as_dict()["bundle"] is True
+
+
+def test_xz_packs_with_the_xz_program_on_every_core_and_with_python_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert shutil.which("xz"), "scripts/setup-debian installs xz-utils"
+    piped = tmp_path / "piped.tar.xz"
+    spawned: list[list[str]] = []
+    real_spawn = bundle_archive.procs.spawn
+
+    def spy(argv: list[str], *args: Any, **kw: Any) -> Any:
+        spawned.append(list(argv))
+        return real_spawn(argv, *args, **kw)  # on the owned tree, as the packer starts it
+
+    monkeypatch.setattr(bundle_archive.procs, "spawn", spy)
+    bundle_archive.pack(staged(tmp_path), piped, level=3)
+    assert spawned and spawned[0][:3] == ["xz", "-q", "-T0"]
+    monkeypatch.setattr(bundle_archive.shutil, "which", lambda name: None)
+    plain = tmp_path / "plain.tar.xz"
+    bundle_archive.pack(staged(tmp_path / "again"), plain, level=3)
+    for archive in (piped, plain):
+        dest = bundle_archive.install(archive, tmp_path / f"tools-{archive.stem}")
+        assert (dest / "usr/share/data.txt").read_text() == "data\n"

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from provision.core import catalog
 from provision.hosts.linux import backend as linux
-from provision.hosts.linux import bundle
+from provision.hosts.linux import bundle, bundle_archive
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import run_provision
 
@@ -53,3 +54,40 @@ def test_bundle_installs_into_a_clean_directory_and_runs_a_venus_guest_without_t
     run_dir = Path(re.search(r"run=(\S+)", run.stderr).group(1))  # type: ignore[union-attr]
     argv = (run_dir / "qemu.argv").read_text()
     assert str(dest / bundle.GUEST_DIR) in argv  # the bundle's guest disk, not one made with podman
+
+
+# Mesa's software drivers and what they pull in; an X server is no part of any bundle now.
+NOT_IN_A_HOST_DRIVER_BUNDLE = re.compile(
+    r"(libLLVM|libgallium|libz3|libvulkan_lvp|libEGL_mesa|libGLX_mesa|/dri/|Xvfb|xkbcomp|lvp_icd|50_mesa)"
+)
+
+
+def test_host_driver_bundle_leaves_mesa_out_installs_into_a_clean_directory_and_prints_its_size(
+    tmp_path: Path,
+) -> None:
+    host_tools.make()
+    out = tmp_path / "gpu-host.tar.xz"
+    made = run_provision("host-tools", "--bundle", str(out), "--host-driver", "--no-guest", timeout=1800)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert f"bytes: {out.stat().st_size}" in made.stdout.splitlines()
+    # It travels with a guest in one 64 MiB transfer to a GPU machine.
+    assert out.stat().st_size < 40 * 2**20, out.stat().st_size
+    dest = tmp_path / "clean" / "tools"
+    proc = run_provision("host-tools", "--from", str(out), "--to", str(dest), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-3000:]
+    files = [p for p in dest.rglob("*") if p.is_file()]
+    size = sum(p.stat().st_size for p in files)
+    assert f"installed_bytes: {size}" in proc.stdout.splitlines(), proc.stdout[-2000:]
+    assert 20 * 2**20 < size < 160 * 2**20, size
+    rel = [str(p.relative_to(dest)) for p in files]
+    assert not [r for r in rel if NOT_IN_A_HOST_DRIVER_BUNDLE.search(r)]
+    # The loaders stay: they find the host's own driver.
+    assert {f"{bundle.LIB}/libEGL.so.1", f"{bundle.LIB}/libvulkan.so.1", f"{bundle.LIB}/libSDL3.so.0"} <= set(rel)
+    assert json.loads((dest / bundle_archive.MANIFEST).read_text())["host_driver"] is True
+    empty = tmp_path / "empty-path"
+    empty.mkdir()
+    version = subprocess.run(
+        [str(dest / "usr/bin/qemu-system-x86_64"), "-version"], capture_output=True, text=True, timeout=60,
+        env={"PATH": str(empty)},
+    )
+    assert version.returncode == 0 and "QEMU emulator version 11." in version.stdout, version.stderr[-2000:]

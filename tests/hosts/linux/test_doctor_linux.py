@@ -62,7 +62,10 @@ def test_doctor_reports_this_machine_truthfully(capsys, monkeypatch, tmp_path):
     )
     assert (by_id["linux.virglrenderer"]["status"] == "ok") == has_lib
     nodes = list(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else []
-    assert (by_id["linux.display"]["status"] == "ok") == bool(nodes or shutil.which("Xvfb"))
+    vendor_dirs = [Path("/etc/glvnd/egl_vendor.d"), Path("/usr/share/glvnd/egl_vendor.d")]
+    vendors = [m for d in vendor_dirs if d.is_dir() for m in d.glob("*.json")]
+    assert (by_id["linux.display"]["status"] == "ok") == bool(nodes or vendors or dl.chroot_root(dict(os.environ)))
+    assert "Xvfb" not in by_id["linux.display"]["evidence"]
     flags = Path("/proc/cpuinfo").read_text()
     hw = " vmx" in flags or " svm" in flags
     accel = by_id["linux.accel"]
@@ -105,19 +108,26 @@ def test_exit_status_is_0_when_all_pass_and_1_when_one_fails(capsys, monkeypatch
 
 def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
     root = tmp_path / "sid"
-    for rel in ("usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1", "usr/libexec/virgl_render_server", "usr/bin/Xvfb"):
+    for rel in ("usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1", "usr/libexec/virgl_render_server", "usr/bin/tool"):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(b"")
+    mesa = root / "usr/share/glvnd/egl_vendor.d/50_mesa.json"
+    mesa.parent.mkdir(parents=True)
+    mesa.write_text('{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_mesa.so.0"}}')
     env = {"PATH": "/nonexistent", dl.HOST_TOOLS_ENV: str(root)}
     tools = host_tools.locate(env=env)
     assert tools is not None and tools.is_chroot and tools.root == root
-    assert host_tools.find(tools, host_tools.XVFB, env) == root / "usr/bin/Xvfb"
     lib = host_tools.find(tools, host_tools.VIRGL_LIB_GLOB, env)
     assert lib == root / "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1"
     checks = dl.check_virglrenderer(lib, host_tools.find(tools, host_tools.RENDER_SERVER, env))
     assert [c.status for c in checks] == ["ok", "ok"] and str(root) in checks[1].evidence
-    assert dl.check_display([], None).status == "fail"
-    assert dl.check_display(["/dev/dri/renderD128"], None).evidence.endswith("egl-headless")
+    shown = dl.check_display([], dl.display.egl_vendors(root, env))
+    assert shown.status == "ok" and "offscreen" in shown.evidence and str(mesa) in shown.evidence
+    assert "Mesa" in shown.evidence and "libEGL_mesa.so.0" in shown.evidence
+    assert dl.check_display([], []).status == "fail" and "__EGL_VENDOR_LIBRARY_FILENAMES" in str(
+        dl.check_display([], []).fix
+    )
+    assert dl.check_display(["/dev/dri/renderD128"], []).evidence.endswith("egl-headless")
     assert host_tools.find(tools, host_tools.QEMU, env) is None
     qemu_checks = dl.check_qemu(tools, None, None)
     assert qemu_checks[0].status == "fail" and str(root) in qemu_checks[0].evidence
@@ -154,7 +164,7 @@ def _bundle_install(cache: Path) -> Path:
         host_tools.QEMU: FAKE_QEMU,
         host_tools.RENDER_SERVER: "",
         "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1": "",
-        host_tools.XVFB: "",
+        host_tools.EGL_LOADER: "",
     }
     for rel, text in files.items():
         (top / rel).parent.mkdir(parents=True, exist_ok=True)

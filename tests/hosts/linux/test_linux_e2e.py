@@ -239,9 +239,11 @@ def test_gpu_guest_runs_sandboxed_as_a_user_with_no_network_and_a_read_only_root
         out += line
     try:
         qemu = qemu_pid(log)
-        m = re.search(r"xvfb pid=(\d+)", log)
-        assert m, log
-        owned = {"qemu": qemu, "xvfb": int(m.group(1))}
+        # QEMU's GL display is SDL's offscreen driver over EGL: no X server, none started.
+        assert "xvfb" not in log
+        environ = Path(f"/proc/{qemu}/environ").read_bytes().split(b"\0")
+        assert b"SDL_VIDEODRIVER=offscreen" in environ and not [e for e in environ if e.startswith(b"DISPLAY=")]
+        owned = {"qemu": qemu}
         # The render server and its workers (virgl_render_server, virgl-N-gpu_render…).
         servers = [c for c in children(qemu) if comm(c).startswith("virgl")]
         assert servers, f"no render server under QEMU {qemu}: {out}"

@@ -230,13 +230,13 @@ def test_missing_host_tools_is_e020_naming_what_and_how(tmp_path: Path) -> None:
     )
     assert proc.returncode == 30, proc.stderr
     assert "E020" in proc.stderr
-    for what in ("qemu-system-x86_64", "virgl_render_server", "Xvfb", "libvirglrenderer"):
+    for what in ("qemu-system-x86_64", "virgl_render_server", "libEGL.so.1", "libvirglrenderer"):
         assert what in proc.stderr
     assert "fix:" in proc.stderr and "PROVISION_HOST_TOOLS" in proc.stderr
     check = run_provision("host-tools", "--check", "--json", env={"PROVISION_HOST_TOOLS": str(empty)})
     assert check.returncode == 1
     failing = {c["id"] for c in json.loads(check.stdout)["data"]["checks"] if c["status"] == "fail"}
-    assert {"host-tools.qemu", "host-tools.render-server", "host-tools.xvfb", "host-tools.virglrenderer"} <= failing
+    assert {"host-tools.qemu", "host-tools.render-server", "host-tools.egl", "host-tools.virglrenderer"} <= failing
 
 
 def test_apir_run_without_the_apir_host_build_names_it_before_any_vm(tmp_path: Path) -> None:
