@@ -35,7 +35,7 @@ LAYOUT: dict[str, str] = {
     "bench": "`provision bench` reports: JSON, Markdown, PNG (hosts/linux/bench_run.py)",
     "crash": "tracebacks of bugs, one file each (cli/__init__.py)",
     "apir-cuda": "checks/apir-cuda's work directory: the CUDA ggml build and the loopback (on a GPU host)",
-    "macho-link": "checks/macho-link's cross-builds for aarch64-macos, one per tree, patches and zig (checks/macho_link)",
+    "macho-link": "checks/macho-link's cross-builds for aarch64-macos, one per tree, its patches and zig",
     "test-fixtures": "what the test suite builds once and reuses: the busybox base image, tool packages (tests/)",
 }
 # under the state root
