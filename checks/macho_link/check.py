@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -118,22 +116,4 @@ def cached_check(name: str, upstream: Path, cache: Path, fresh: bool = False) ->
     """The result for `name`, from cache/<key>.json when the pins, patches, flags and zig are unchanged."""
     tree_spec = trees.DARWIN_TREES[name]
     key = trees.cache_key(tree_spec, trees.pin_of(name), toolchain.inputs_key())
-    cache.mkdir(parents=True, exist_ok=True)
-    record = cache / f"{name}-{key}.json"
-    if record.exists() and not fresh:
-        cached: dict[str, Any] = json.loads(record.read_text())
-        cached["cached"] = True
-        return cached
-    work = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=cache))
-    log = cache / f"{name}-{key}.log"
-    log.write_text("")
-    try:
-        result = check(name, upstream, work, log)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result["log"] = str(log)
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    tmp.replace(record)
-    result["cached"] = False
-    return result
+    return trees.cached_result(cache, f"{name}-{key}", fresh, lambda work, log: check(name, upstream, work, log))

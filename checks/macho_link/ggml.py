@@ -9,7 +9,6 @@ import hashlib
 import json
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -113,22 +112,4 @@ def cached_check(upstream: Path, cache: Path, fresh: bool = False) -> dict[str, 
         h.update((trees.REPO / rel).read_bytes())
     h.update(toolchain.inputs_key().encode())
     key = h.hexdigest()[:20]
-    cache.mkdir(parents=True, exist_ok=True)
-    record = cache / f"ggml-{key}.json"
-    if record.exists() and not fresh:
-        cached: dict[str, Any] = json.loads(record.read_text())
-        cached["cached"] = True
-        return cached
-    work = Path(tempfile.mkdtemp(prefix="ggml-", dir=cache))
-    log = cache / f"ggml-{key}.log"
-    log.write_text("")
-    try:
-        result = check(upstream, work, log)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    result["log"] = str(log)
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    tmp.replace(record)
-    result["cached"] = False
-    return result
+    return trees.cached_result(cache, f"ggml-{key}", fresh, lambda work, log: check(upstream, work, log))

@@ -7,6 +7,8 @@ import json
 import shutil
 import subprocess
 import tarfile
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,14 +58,14 @@ def pin_of(name: str) -> dict[str, Any]:
 
 
 def nar_hash(path: Path) -> str:
-    proc = subprocess.run(
-        ["nix", "--extra-experimental-features", "nix-command", "hash", "path", "--sri", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise TreeError(f"nix hash path {path}: {proc.stderr.strip()}\nfix: apt-get install nix-bin")
-    return proc.stdout.strip()
+    """The tree's NAR hash, as provision checks every pinned tree (provision/adapters/nix.py)."""
+    from provision.adapters import nix
+    from provision.core.errors import ProvisionError
+
+    try:
+        return nix.hash_path(path)
+    except ProvisionError as exc:
+        raise TreeError(f"{exc.message}\nfix: {exc.fix}") from None
 
 
 def unpack(tarball: Path, dest: Path, expected_nar: str) -> Path:
@@ -117,3 +119,27 @@ def cache_key(tree: DarwinTree, pin: dict[str, Any], extra: str) -> str:
     for rel in pin.get("patches", []):
         h.update((REPO / rel).read_bytes())
     return h.hexdigest()[:20]
+
+
+def cached_result(cache: Path, stem: str, fresh: bool, run: Callable[[Path, Path], dict[str, Any]]) -> dict[str, Any]:
+    """``cache/<stem>.json`` when it is there (and not ``fresh``); else ``run(work, log)`` in a
+    scratch folder, its result written whole (temp name, then rename) with the log beside it."""
+    cache.mkdir(parents=True, exist_ok=True)
+    record = cache / f"{stem}.json"
+    if record.exists() and not fresh:
+        cached: dict[str, Any] = json.loads(record.read_text())
+        cached["cached"] = True
+        return cached
+    work = Path(tempfile.mkdtemp(prefix=f"{stem}-", dir=cache))
+    log = cache / f"{stem}.log"
+    log.write_text("")
+    try:
+        result = run(work, log)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result["log"] = str(log)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    tmp.replace(record)
+    result["cached"] = False
+    return result

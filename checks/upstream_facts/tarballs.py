@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -49,14 +48,14 @@ class FolderTree(Tree):
 
 
 def nar_hash(path: Path) -> str:
-    proc = subprocess.run(
-        ["nix", "--extra-experimental-features", "nix-command", "hash", "path", "--sri", str(path)],
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        raise FactsError(f"nix hash path {path.name}: {proc.stderr.strip()}\nfix: apt-get install nix-bin")
-    return proc.stdout.strip()
+    """The tree's NAR hash, as provision checks every pinned tree (provision/adapters/nix.py)."""
+    from provision.adapters import nix
+    from provision.core.errors import ProvisionError
+
+    try:
+        return nix.hash_path(path)
+    except ProvisionError as exc:
+        raise FactsError(f"{exc.message}\nfix: {exc.fix}") from None
 
 
 def wanted(name: str, pin: dict[str, Any]) -> tuple[str, str, str, bool]:
