@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> Result:
         if data.get("remoting_ratio_venus"):
             lines.append("remoting ratio (guest Venus / host native): "
                          + ", ".join(f"{k} {v:.2f}" for k, v in data["remoting_ratio_venus"].items()))  # fmt: skip
-        else:
+        if not ratio:  # (a Venus-only run has no Venus-beside-APIR ratio, and that is no missing baseline)
             lines.append("remoting ratio: no host-native llama.cpp baseline")
         png = data.get("png")
         lines.append(f"report: {data['json']}" + (f"\nplot: {png}" if png else
