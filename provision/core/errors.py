@@ -12,7 +12,9 @@ details went, never a traceback) and 130 after Ctrl-C.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import sys
+from collections.abc import Callable
+from typing import ClassVar, NoReturn
 
 # Exit status of a command that failed on a bug rather than on its input (EX_SOFTWARE).
 INTERNAL_ERROR_STATUS = 70
@@ -317,3 +319,13 @@ def all_errors() -> list[type[ProvisionError]]:
             seen.append(sub)
             stack.append(sub)
     return sorted(seen, key=lambda c: c.code)
+
+
+def exit_as_cli(main: Callable[[], int]) -> NoReturn:
+    """A `python -m` entry point's end, as the provision CLI shows a failure: the code and its
+    fix line on stderr and the code's exit status, never a traceback."""
+    try:
+        raise SystemExit(main())
+    except ProvisionError as exc:
+        print(exc.render(), file=sys.stderr)
+        raise SystemExit(exc.exit_status) from None

@@ -4,32 +4,20 @@ stack boots llama-linux (QEMU TCG + virglrenderer Venus + lavapipe) and says why
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import backend as linux
 from provision.hosts.linux import tools as host_tools
 from provision.routes import choose, probe
 from tests.helpers import run_provision
+from tests.hosts.linux.test_linux_e2e import tools  # noqa: F401  (the chroot and the llama-linux disk)
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def tools() -> Iterator[host_tools.HostTools]:
-    """The host-tools chroot and the llama-linux VM disk (as tests/hosts/linux/test_linux_e2e.py makes them)."""
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        image_job = pool.submit(linux.backend().root_disk, catalog.load().get("llama-linux"))
-        made = host_tools.make()
-        image_job.result()
-    yield made
-
-
-def test_this_host_probes_as_venus_on_lavapipe(tools: host_tools.HostTools) -> None:
+def test_this_host_probes_as_venus_on_lavapipe(tools: host_tools.HostTools) -> None:  # noqa: F811
     facts = probe.facts()
     assert facts.platform == "linux"
     assert facts.render_nodes == () and not Path("/dev/dri").exists()  # this CI host has no GPU
@@ -38,7 +26,7 @@ def test_this_host_probes_as_venus_on_lavapipe(tools: host_tools.HostTools) -> N
     assert (d.stack, d.route, d.cpu) == ("llama-linux", "venus", True)
 
 
-def test_run_gpu_without_a_stack_picks_llama_linux_and_says_why(tools: host_tools.HostTools) -> None:
+def test_run_gpu_without_a_stack_picks_llama_linux_and_says_why(tools: host_tools.HostTools) -> None:  # noqa: F811
     proc = run_provision("run", "--gpu", "--timeout", "1100", "--", "vulkaninfo", "--summary", timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stderr.splitlines()

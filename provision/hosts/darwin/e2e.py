@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.core.diagnostics import Check, failed
-from provision.core.errors import InvalidValue, ProvisionError
+from provision.core.errors import InvalidValue, exit_as_cli
 from provision.hosts.darwin.guest_checks import parse_vulkaninfo_summary
 
 MIN_PP_SPEEDUP = 2.0
@@ -186,8 +186,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ProvisionError as exc:  # as the provision CLI shows it: the code and the fix, no traceback
-        print(exc.render(), file=sys.stderr)
-        raise SystemExit(exc.exit_status) from None
+    exit_as_cli(main)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -28,7 +27,7 @@ from provision.adapters.chroot import Chroot
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
-from provision.core.errors import HostToolsMissing, InvalidValue, ProvisionError
+from provision.core.errors import HostToolsMissing, InvalidValue, exit_as_cli
 from provision.core.log import say
 from provision.hosts.linux import apir_host
 from provision.hosts.linux import tools as host_tools
@@ -290,8 +289,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        raise SystemExit(main())
-    except ProvisionError as exc:  # as the provision CLI shows it: the code and the fix, no traceback
-        print(exc.render(), file=sys.stderr)
-        raise SystemExit(exc.exit_status) from None
+    exit_as_cli(main)
