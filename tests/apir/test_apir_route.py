@@ -126,8 +126,12 @@ def _until(what, timeout: float = 20.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _context_of(watch: watchdog.WorkerWatch, worker: int):
+    return next((c for c in watch.contexts.values() if c.owner == worker and c.counted), None)
+
+
 def _paired(watch: watchdog.WorkerWatch, worker: int) -> bool:
-    return watch.poll(time.monotonic()) is None and worker in watch.workers and bool(watch.workers[worker].context)
+    return watch.poll(time.monotonic()) is None and _context_of(watch, worker) is not None
 
 
 def _watched_worker(qemu: Qemu) -> tuple[watchdog.WorkerWatch, int]:
@@ -136,7 +140,7 @@ def _watched_worker(qemu: Qemu) -> tuple[watchdog.WorkerWatch, int]:
     watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
     # The watch paired the worker with the socket QEMU holds: what it judges the end by.
     _until(lambda: _paired(watch, worker))
-    assert watch.workers[worker].name.startswith("virgl-1-")
+    assert watch.workers[worker].startswith("virgl-1-")
     return watch, worker
 
 
@@ -150,8 +154,8 @@ def test_a_worker_whose_guest_closed_its_context_is_not_a_death(render_server):
         now = time.monotonic()
         for later in (now, now + 1.5, now + 60.0, now + 3600.0):  # silent far past any grace
             assert watch.poll(later) is None
-        assert not watch.ended and not watch.workers
-        assert watch.counts == {"seen": 1, "paired": 1, "ended_with_context_closed": 1, "ended_unjudged": 0}
+        assert not [c for c in watch.contexts.values() if c.counted]  # left: the server's own channel
+        assert watch.counts["workers_seen"] == watch.counts["contexts"] == watch.counts["closed"] == 1
     finally:
         qemu.close()
 
@@ -186,7 +190,8 @@ def test_a_worker_killed_with_its_context_open_is_a_death(render_server, sig):
         _until(lambda: worker not in qemu.workers())
         now = time.monotonic()
         assert watch.poll(now) is None  # seen ended; confirmed once QEMU still holds it a moment later
-        assert worker in watch.ended
+        context = _context_of(watch, worker)
+        assert context is not None and context.gone_since == now
         death = watch.poll(now + 1.0)
         assert death is not None and death.kind == "render-worker-exit"
         assert f"render worker {worker}" in death.evidence and "context" in death.evidence
@@ -207,7 +212,42 @@ def test_a_guest_that_moves_on_to_its_next_program_is_not_a_death(render_server)
         second = next(iter(_until(qemu.workers)))
         _until(lambda: _paired(watch, second))
         assert watch.poll(time.monotonic() + 3600.0) is None
-        assert first not in watch.ended
+        assert _context_of(watch, first) is None and watch.counts["closed"] == 1
+    finally:
+        qemu.close()
+
+
+@pytest.mark.root
+def test_a_worker_that_died_before_the_watch_ever_saw_it_is_still_a_death(render_server):
+    # A program whose worker starts and dies between two polls: the kernel still says that the
+    # context QEMU holds lost its other end, so the death is caught without the worker seen.
+    qemu = Qemu(render_server)
+    try:
+        qemu.say("open")
+        worker = next(iter(_until(qemu.workers)))
+        os.kill(worker, signal.SIGKILL)
+        _until(lambda: worker not in qemu.workers())
+        watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
+        now = time.monotonic()
+        assert watch.poll(now) is None and worker not in watch.workers
+        death = watch.poll(now + 1.0)
+        assert death is not None and death.kind == "render-worker-exit" and death.error().code == "E023"
+        assert "ended before the watch saw it" in death.evidence
+    finally:
+        qemu.close()
+
+
+@pytest.mark.root
+def test_a_context_opened_and_closed_between_two_polls_is_no_death(render_server):
+    qemu = Qemu(render_server)
+    try:
+        watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=0.0)
+        assert watch.poll(time.monotonic()) is None
+        qemu.say("open")
+        qemu.say("close")
+        now = time.monotonic()
+        for later in (now, now + 5.0, now + 3600.0):
+            assert watch.poll(later) is None
     finally:
         qemu.close()
 

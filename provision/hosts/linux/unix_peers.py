@@ -2,9 +2,11 @@
 
 The render server hands each worker one end of a socket pair and QEMU the other (a render
 context). The two ends' inode numbers are paired only in the kernel, so the watch asks it:
-``peers()`` maps every Unix socket inode in this network namespace to its peer's inode.
-No privileges are needed (it is what ``ss -x`` reads). ``open_sockets(pid)`` reads which
-socket inodes a process holds from ``/proc/PID/fd``.
+``peers()`` maps every connected Unix socket inode in this network namespace to its
+peer's inode. Once one end of a pair is closed, the kernel drops that end from the dump
+and reports the other end's peer as 0: "the other end is gone" is read off the kernel, not
+guessed from which processes were seen. No privileges are needed (it is what ``ss -x``
+reads). ``open_sockets(pid)`` reads which socket inodes a process holds from ``/proc/PID/fd``.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ def _align(n: int) -> int:
     return (n + 3) & ~3
 
 
-def parse(data: bytes, peers: dict[int, int]) -> bool:
+def parse(data: bytes, peers: dict[int, int], sock_type: int | None = None) -> bool:
     """Add the (inode -> peer) pairs of one netlink reply to ``peers``; True at the dump's end.
+
+    With ``sock_type`` (``socket.SOCK_SEQPACKET``, …) only sockets of that type are added.
 
     Every read stays inside both the reply and its message: a short or lying reply is read
     as far as it goes.
@@ -51,9 +55,9 @@ def parse(data: bytes, peers: dict[int, int]) -> bool:
         if length < _NLMSG.size:
             break  # a message that claims no room for itself: nothing after it can be trusted
         if body + _MSG.size <= end:
-            _fam, _type, _state, _pad, ino = _MSG.unpack_from(data, body)
+            _fam, its_type, _state, _pad, ino = _MSG.unpack_from(data, body)
             attr = body + _MSG.size
-            while attr + _ATTR.size <= end:
+            while attr + _ATTR.size <= end and (sock_type is None or its_type == sock_type):
                 alen, atype = _ATTR.unpack_from(data, attr)
                 if alen < _ATTR.size or attr + alen > end:
                     break
@@ -64,15 +68,15 @@ def parse(data: bytes, peers: dict[int, int]) -> bool:
     return False
 
 
-def peers() -> dict[int, int]:
-    """inode -> peer inode of every connected Unix socket the kernel reports; OSError if it cannot."""
+def peers(sock_type: int | None = None) -> dict[int, int]:
+    """inode -> peer inode (0: closed) of every connected Unix socket the kernel reports; OSError if it cannot."""
     found: dict[int, int] = {}
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_SOCK_DIAG) as nl:
         nl.settimeout(5.0)
         req = _REQ.pack(socket.AF_UNIX, 0, 0, 0xFFFFFFFF, 0, UDIAG_SHOW_PEER)
         nl.sendto(_NLMSG.pack(_NLMSG.size + len(req), SOCK_DIAG_BY_FAMILY, NLM_F_REQUEST | NLM_F_DUMP, 1, 0) + req,
                   (0, 0))
-        while not parse(nl.recv(1 << 16), found):
+        while not parse(nl.recv(1 << 16), found, sock_type):
             pass
     return found
 

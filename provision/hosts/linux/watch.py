@@ -58,7 +58,9 @@ def watch(
         if workers is not None:  # what the worker watch judged, beside the run's logs
             record = run_dir / "workers.json"
             tmp = record.with_name(".workers.json.partial")
-            tmp.write_text(json.dumps({**workers.counts, "blind": workers.blind}, indent=2) + "\n")
+            judged: dict[str, object] = {**workers.counts, "blind": workers.blind, "polls": workers.polls}
+            judged["closed_contexts"] = workers.record
+            tmp.write_text(json.dumps(judged, indent=2) + "\n")
             tmp.rename(record)
 
 

@@ -13,11 +13,17 @@ into -1), or the server SIGKILLs it first. So neither the exit status nor a sign
 normal end from a crash. What does: a worker that ends while QEMU still holds its end of
 the pair ended with its context open, and the guest is waiting on it. That is the one
 worker end counted as a death; a guest may be silent for as long as its timeout allows.
+
+The watch judges QEMU's context sockets, not the workers it happens to see: the kernel says
+when the other end of one is gone (unix_peers), so a worker that lives and dies between two
+polls is judged like any other, and a short-lived program that comes and goes unseen had
+closed its context anyway.
 """
 
 from __future__ import annotations
 
 import re
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,19 +121,30 @@ RENDER_SERVER = re.compile(r"^virgl_render")
 WORKER = re.compile(r"^virgl-\d+-")
 
 
+def render_peers() -> dict[int, int]:
+    """The render protocol's sockets (seqpacket pairs, server/render_socket.c): inode -> peer, 0 once closed."""
+    return unix_peers.peers(socket.SOCK_SEQPACKET)
+
+
 @dataclass
-class _Worker:
+class _Context:
+    """One socket QEMU holds whose other end a render process held: a guest context (or the server's channel)."""
+
+    owner: int  # the render process last seen holding the other end
     name: str
-    context: set[int]  # inodes of the sockets QEMU holds whose peers are this worker's
+    opened: float
+    gone_since: float | None = None  # when the other end was first seen closed
+    status: str = ""  # how its owner ended, as /proc told it then
+    counted: bool = False  # a worker (not the server) held it: one guest context
 
 
 class WorkerWatch:
-    """Render workers under QEMU; reports one that ended while its guest context was still open.
+    """Render contexts QEMU holds; reports one whose render worker ended while QEMU still held it.
 
-    A worker is a child of the render server. While it runs, the watch records which of its
-    sockets' peers QEMU holds (its context). Once it is gone, it was a death only if QEMU
-    still holds that context ``confirm_s`` later: a normal end has QEMU close its end first
-    (or within moments, when the server's SIGKILL wins the race).
+    Every poll asks the kernel which render sockets QEMU (and its non-render helpers) hold and
+    whether each one's other end is still open. A context whose other end is closed while QEMU
+    still holds it ``confirm_s`` later is a death: on a normal end QEMU closes its end first,
+    or within moments when the server's SIGKILL wins the race.
     """
 
     def __init__(
@@ -136,71 +153,86 @@ class WorkerWatch:
         *,
         confirm_s: float = 2.0,
         proc: Path = Path("/proc"),
-        peers: Callable[[], dict[int, int]] = unix_peers.peers,
+        peers: Callable[[], dict[int, int]] = render_peers,
     ) -> None:
         self.root_pid = root_pid
         self.confirm_s = confirm_s
         self.proc = proc
         self.peers = peers
-        self.workers: dict[int, _Worker] = {}
-        self.ended: dict[int, tuple[float, _Worker, str]] = {}  # ended with its context held: since when
+        self.contexts: dict[int, _Context] = {}  # QEMU's socket inode -> its context
+        self.workers: dict[int, str] = {}  # every render worker seen alive: pid -> name
         self.blind = False  # the kernel would not pair sockets here: worker ends cannot be judged
+        self.polls = 0
         # What the watch saw, for the run's record (workers.json): proof that it judged anything.
-        self.counts = {"seen": 0, "paired": 0, "ended_with_context_closed": 0, "ended_unjudged": 0}
-
-    def _holders(self, below: dict[int, tuple[int, str]], workers: set[int]) -> set[int]:
-        """Socket inodes held by QEMU (the root) and every other non-render process in its tree."""
-        held = unix_peers.open_sockets(self.root_pid, self.proc)
-        for pid, (_parent, name) in below.items():
-            if pid not in workers and not RENDER_SERVER.match(name):
-                held |= unix_peers.open_sockets(pid, self.proc)
-        return held
+        self.counts = {"workers_seen": 0, "contexts": 0, "closed": 0, "closed_after_worker_end": 0}
+        self.record: list[dict[str, object]] = []  # each closed context: who held it, when it opened and closed
 
     def poll(self, now: float) -> Death | None:
+        self.polls += 1
         below = tree(self.root_pid, self.proc)
-        servers = {p for p, (_parent, name) in below.items() if RENDER_SERVER.match(name)}
-        live: dict[int, str] = {}
-        for pid, (parent, name) in below.items():
-            if parent in servers:
-                status = zombie_status(pid, self.proc)
-                if status is None:
-                    live[pid] = name
-                elif pid in self.workers and pid not in self.ended:
-                    self.ended[pid] = (now, self.workers.pop(pid), status)
-        held = self._holders(below, set(live))
-        # Until it has renamed itself ("virgl-N-…", after its setup) a fresh fork still holds
-        # the server's own sockets; the context is a socket that no server holds too.
-        unpaired = [p for p in live if WORKER.match(live[p]) and not self.workers.get(p, _Worker("", set())).context]
-        pairs: dict[int, int] = {}
-        if unpaired and not self.blind:
-            try:
-                pairs = self.peers()
-            except OSError:
-                self.blind = True
-        shared: set[int] = set()
-        for pid in servers:
-            shared |= unix_peers.open_sockets(pid, self.proc)
-        for pid in live:
-            if pid not in self.workers:
-                self.counts["seen"] += 1
-                self.workers[pid] = _Worker(live[pid], set())
-        for pid in unpaired:
-            mine = unix_peers.open_sockets(pid, self.proc) - shared
-            context = {pairs[s] for s in mine if pairs.get(s) in held}
-            if context:
-                self.counts["paired"] += 1
-                self.workers[pid] = _Worker(live[pid], context)
-        for pid in [p for p in self.workers if p not in live]:
-            self.ended[pid] = (now, self.workers.pop(pid), "reaped")
-        for pid, (since, worker, status) in list(self.ended.items()):
-            still_open = worker.context & held
-            if not still_open:
-                del self.ended[pid]  # QEMU closed the context: the guest program ended it
-                self.counts["ended_with_context_closed" if worker.context else "ended_unjudged"] += 1
-            elif now - since >= self.confirm_s:
-                evidence = (
-                    f"render worker {pid} ({worker.name}, {status}) under {self.root_pid} ended while QEMU "
-                    f"still held its context (socket {min(still_open)}) for {now - since:.1f} s"
-                )
-                return Death("render-worker-exit", evidence, "the host render worker died with its guest context open")
+        render = {p for p, (_parent, name) in below.items() if RENDER_SERVER.match(name) or WORKER.match(name)}
+        render |= {p for p, (parent, _name) in below.items() if parent in render}  # a fresh fork, not yet renamed
+        for pid in render:
+            name = below[pid][1]
+            if WORKER.match(name) and pid not in self.workers and zombie_status(pid, self.proc) is None:
+                self.workers[pid] = name
+                self.counts["workers_seen"] += 1
+        if self.blind:
+            return None
+        try:
+            pairs = self.peers()
+        except OSError:
+            self.blind = True
+            return None
+        held = unix_peers.open_sockets(self.root_pid, self.proc)
+        for pid in below:
+            if pid not in render:
+                held |= unix_peers.open_sockets(pid, self.proc)
+        # Right after a fork both the server and its new worker hold the worker's end: the worker is its owner.
+        owners = {
+            ino: pid
+            for pid in sorted(render, key=lambda p: bool(WORKER.match(below[p][1])))
+            for ino in unix_peers.open_sockets(pid, self.proc)
+        }
+        for mine in held & pairs.keys():
+            death = self._judge(mine, pairs, owners, below, now)
+            if death is not None:
+                return death
+        for mine in [s for s in self.contexts if s not in held]:  # QEMU closed it: the guest program ended it
+            ctx = self.contexts.pop(mine)
+            if ctx.counted:
+                self.counts["closed"] += 1
+                self.counts["closed_after_worker_end"] += ctx.gone_since is not None
+                self.record.append({"worker": f"{ctx.owner} {ctx.name}", "opened": round(ctx.opened, 2),
+                                    "worker_end": ctx.gone_since and round(ctx.gone_since, 2),
+                                    "closed": round(now, 2)})
         return None
+
+    def _judge(
+        self, mine: int, pairs: dict[int, int], owners: dict[int, int], below: dict[int, tuple[int, str]], now: float
+    ) -> Death | None:
+        theirs = pairs[mine]
+        open_ = theirs != 0 and theirs in pairs
+        ctx = self.contexts.get(mine)
+        if ctx is None:
+            if open_ and theirs not in owners:
+                return None  # a pair between QEMU's own processes, or with something outside: not a render context
+            ctx = self.contexts[mine] = _Context(0, "a render worker that ended before the watch saw it", now)
+        if open_:
+            owner = owners.get(theirs)
+            if owner is not None and owner in below:  # the server holds it first, then its fresh worker
+                ctx.owner, ctx.name = owner, below[owner][1]
+                if WORKER.match(ctx.name) and not ctx.counted:
+                    ctx.counted = True
+                    self.counts["contexts"] += 1
+            ctx.gone_since = None
+            return None
+        if ctx.gone_since is None:
+            ctx.gone_since, ctx.status = now, zombie_status(ctx.owner, self.proc) or "running, socket closed"
+        if now - ctx.gone_since < self.confirm_s:
+            return None
+        evidence = (
+            f"render worker {ctx.owner} ({ctx.name}, {ctx.status}) under {self.root_pid} ended while QEMU "
+            f"still held its context (socket {mine}) for {now - ctx.gone_since:.1f} s"
+        )
+        return Death("render-worker-exit", evidence, "the host render worker died with its guest context open")

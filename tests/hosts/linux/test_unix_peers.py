@@ -25,6 +25,23 @@ def test_a_socket_pair_is_paired_both_ways_and_seen_in_our_fds() -> None:
     assert ia not in unix_peers.open_sockets(os.getpid())
 
 
+def test_once_one_end_is_closed_the_kernel_reports_the_other_ends_peer_as_0() -> None:
+    # What the worker watch judges a death by: read off the kernel, whoever closed the end.
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    c, d = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        ia, ib = os.fstat(a.fileno()).st_ino, os.fstat(b.fileno()).st_ino
+        ic = os.fstat(c.fileno()).st_ino
+        seqpacket = unix_peers.peers(socket.SOCK_SEQPACKET)
+        assert seqpacket[ia] == ib and ic not in seqpacket and unix_peers.peers()[ic]  # the type filter
+        b.close()
+        after = unix_peers.peers(socket.SOCK_SEQPACKET)
+        assert after[ia] == 0 and ib not in after
+    finally:
+        for s in (a, b, c, d):
+            s.close()
+
+
 def test_a_process_that_is_gone_holds_no_sockets() -> None:
     assert unix_peers.open_sockets(2**22 + 12345) == set()
 
@@ -63,3 +80,6 @@ def test_a_well_formed_reply_gives_the_pair_and_its_end() -> None:
     found: dict[int, int] = {}
     assert unix_peers.parse(_msg(20, body) + _msg(unix_peers.NLMSG_DONE, b"\0\0\0\0"), found) is True
     assert found == {77: 78}
+    stream_only: dict[int, int] = {}  # that socket is type 5 (seqpacket): a stream filter drops it
+    assert unix_peers.parse(_msg(20, body) + _msg(unix_peers.NLMSG_DONE, b"\0\0\0\0"), stream_only, 1) is True
+    assert stream_only == {}

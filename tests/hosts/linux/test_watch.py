@@ -51,7 +51,7 @@ def test_a_host_assert_in_qemu_log_after_guest_stderr_is_classified_at_once(tmp_
     assert err.getvalue().count(b"load step") == 5  # the guest's stderr reached the caller once
     assert qemu.poll() is not None  # QEMU was stopped
     record = json.loads((tmp_path / "workers.json").read_text())  # the watch's record, written whole
-    assert record["seen"] == 0 and record["blind"] is False
+    assert record["workers_seen"] == 0 and record["contexts"] == 0 and record["blind"] is False
 
 
 def test_a_guest_abort_on_stderr_is_classified_too(tmp_path: Path, qemu) -> None:
