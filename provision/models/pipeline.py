@@ -71,14 +71,16 @@ def stream_body(resp: web.Response, f: Any, hasher: Any, done: int, progress: Pr
                 flush_wanted.set()
 
     def flush_stage() -> None:
-        while not finished.is_set():
-            if flush_wanted.wait(0.2):
-                flush_wanted.clear()
-                try:
-                    os.fdatasync(f.fileno())
-                except OSError as exc:
-                    failure.append(WriteFailed(exc))
-                    return
+        while True:
+            flush_wanted.wait()
+            flush_wanted.clear()
+            if finished.is_set():  # woken to end: the caller's final fsync follows
+                return
+            try:
+                os.fdatasync(f.fileno())
+            except OSError as exc:
+                failure.append(WriteFailed(exc))
+                return
 
     stages = [
         threading.Thread(target=t, name=f"model-{t.__name__}", daemon=True) for t in (hash_stage, write_stage)
@@ -104,6 +106,7 @@ def stream_body(resp: web.Response, f: Any, hasher: Any, done: int, progress: Pr
         for thread in stages:
             thread.join()
         finished.set()
+        flush_wanted.set()  # wake it now: a timed wait here cost every pull up to its timeout
         flush.join()
     if failure:
         raise failure[0]
