@@ -113,7 +113,7 @@ HOST = Kind("host[:port]", _host)
 
 
 def choice(*choices: str) -> Kind:
-    return Kind(" | ".join(choices), _one_of(*choices))
+    return Kind("/".join(choices), _one_of(*choices))
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,12 @@ class Spec:
     default: str | Callable[[], str] | None  # None: decided where it is used (``default_note`` says how)
     kind: Kind
     help: str
-    default_note: str = ""
+    default_note: str = ""  # how the default is decided, where it is not one fixed value
     example: str = ""  # a good value, for the fix of a bad one
+
+    def default_text(self) -> str:
+        """The default as the README's table and `config show` describe it."""
+        return self.default if isinstance(self.default, str) else self.default_note
 
     @property
     def check(self) -> Callable[[str], str | None]:
@@ -137,11 +141,12 @@ def _shortnames_default() -> str:
 
 SPECS: tuple[Spec, ...] = (
     Spec("cache", "PROVISION_CACHE", _platformdir("cache"), PATH, "root of every cache (core/paths.py LAYOUT)",
-         example="/var/cache/krun-gpu"),
+         "the user cache directory (XDG_CACHE_HOME)/krun-gpu", example="/var/cache/krun-gpu"),
     Spec("state", "PROVISION_STATE", _platformdir("state"), PATH, "machine routes and per-invocation logs",
-         example="/var/lib/krun-gpu"),
+         "the user state directory (XDG_STATE_HOME)/krun-gpu", example="/var/lib/krun-gpu"),
     Spec("data_root", "PROVISION_DATA_ROOT", lambda: str(Path(__file__).resolve().parents[2]), PATH,
-         "where containerfiles/ and patches/ are (a relocated install)", example="/usr/share/krun-gpu"),
+         "where containerfiles/ and patches/ are (a relocated install)", "beside the provision package",
+         example="/usr/share/krun-gpu"),
     Spec("host_tools", "PROVISION_HOST_TOOLS", None, PATH, "QEMU + virglrenderer chroot or bundle (or / for the "
          "host's)", "search: cached chroot, installed bundle, host PATH", example="/"),
     Spec("accel", "PROVISION_ACCEL", None, choice("kvm", "tcg"), "Linux guest accelerator",
@@ -159,7 +164,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("ask_above", "PROVISION_ASK_ABOVE", "2G", SIZE, "an interactive model pull asks before more than this",
          example="4G"),
     Spec("shortnames", "PROVISION_SHORTNAMES", _shortnames_default, PATH, "your model shortnames file",
-         example="~/shortnames.conf"),
+         "shortnames.conf in the user config directory", example="~/shortnames.conf"),
     Spec("ollama_registry", "PROVISION_OLLAMA_REGISTRY", None, HOST, "registry for ollama:// and NAME:TAG",
          "the shortnames files' [registries]", example="registry.example:5000"),
     Spec("docker_registry", "PROVISION_DOCKER_REGISTRY", None, HOST, "registry for docker://REPO:TAG",
