@@ -1,4 +1,4 @@
-"""The README and entry points stay true: error table, the two commands, Taskfile tasks."""
+"""The README and entry points stay true: error table, settings table, the two commands, Taskfile tasks."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from provision.core import errors
+from provision.core import errors, settings
 
 
 def errors_table() -> str:
@@ -21,6 +21,18 @@ def test_readme_error_table_matches_errors_py(repo):
     assert m.group(1) == errors_table(), "run: python -m tests.test_docs > fix README (see __main__ below)"
 
 
+def settings_table() -> str:
+    rows = [f"| `{s.key}` | `{s.env}` | {s.kind.name} | {s.default_text()} | {s.help} |" for s in settings.SPECS]
+    return "\n".join(["| key | variable | type | default | what |", "|---|---|---|---|---|", *rows])
+
+
+def test_readme_settings_table_matches_settings_py(repo):
+    text = (repo / "README.md").read_text()
+    m = re.search(r"<!-- settings-table[^>]*-->\n(.*?)\n<!-- /settings-table -->", text, re.S)
+    assert m, "README lost its settings-table markers"
+    assert m.group(1) == settings_table(), "run: python -m tests.test_docs settings > fix README"
+
+
 def test_readme_names_the_two_commands_and_ci_runs_the_test_one(repo):
     readme = (repo / "README.md").read_text()
     assert "bash scripts/main" in readme and "bash scripts/test" in readme
@@ -33,7 +45,9 @@ def test_taskfile_has_the_documented_tasks(repo):
 
 
 if __name__ == "__main__":
-    print(errors_table())
+    import sys
+
+    print(settings_table() if sys.argv[1:] == ["settings"] else errors_table())
 
 
 def test_readme_layout_table_names_every_package_and_only_real_ones(repo):

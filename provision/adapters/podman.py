@@ -67,9 +67,9 @@ def probe_host() -> HostFacts:
     return HostFacts(fs, Path("/run/systemd/system").is_dir(), in_container)
 
 
-def decide_flags(facts: HostFacts, env: dict[str, str] | None = None) -> BuildFlags:
-    """Pure: which podman flags this host needs (PROVISION_PODMAN_ISOLATION overrides)."""
-    env = env if env is not None else dict(os.environ)
+def decide_flags(facts: HostFacts, isolation_setting: str | None = None, why: str = "") -> BuildFlags:
+    """Pure: which podman flags this host needs; ``isolation_setting`` (the caller's setting
+    podman_isolation, ``why`` says where it came from) overrides the isolation."""
     reasons: list[str] = []
     isolation = None
     manager = None
@@ -82,9 +82,9 @@ def decide_flags(facts: HostFacts, env: dict[str, str] | None = None) -> BuildFl
     if not facts.systemd_running:
         manager = "cgroupfs"
         reasons.append("systemd is not running")
-    if env.get("PROVISION_PODMAN_ISOLATION"):
-        isolation = env["PROVISION_PODMAN_ISOLATION"]
-        reasons.append("PROVISION_PODMAN_ISOLATION set")
+    if isolation_setting:
+        isolation = isolation_setting
+        reasons.append(f"{why or 'podman_isolation'} set")
     return BuildFlags(isolation, manager, tuple(reasons))
 
 

@@ -224,8 +224,8 @@ def _dispatch(args: argparse.Namespace, command: str, want_json: bool, argv: Seq
     from provision.core import settings as settings_mod
 
     settings = settings_mod.load(flags=getattr(args, "set", None) or ())
-    # Modules not yet handed the settings read PROVISION_*: a file's or a flag's value reaches them (and
-    # the programs they start) as the variable it stands for. The environment layer already is there.
+    # The modules read settings.current(); the programs they start (provision's own children among
+    # them) get a file's or a flag's value as the variable it stands for, for this command only.
     bridged = settings.environ()
     saved = {k: os.environ.get(k) for k in bridged}
     os.environ.update(bridged)

@@ -43,7 +43,8 @@ def run_show(args: argparse.Namespace) -> Result:
 
     def text() -> str:
         parts = [
-            table(["SETTING", "VALUE", "SOURCE", "ENV"], [(r["key"], r["value"], r["source"], r["env"]) for r in rows]),
+            table(["SETTING", "VALUE", "SOURCE", "ENV", "TYPE"],
+                  [(r["key"], r["value"], r["source"], r["env"], r["type"]) for r in rows]),  # fmt: skip
             table(["FILE", "PATH", "READ"], [(f["layer"], f["path"], "yes" if f["present"] else "-") for f in files]),
             table(["DIRECTORY", "WHAT LIVES THERE"], sorted(layout.items())),
         ]

@@ -13,7 +13,7 @@ from pathlib import Path
 from provision.core import settings as settings_mod
 from provision.core.errors import InvalidValue
 
-CACHE_ENV = "PROVISION_CACHE"
+CACHE_ENV = settings_mod.BY_KEY["cache"].env
 
 # sub-directory of the cache root -> what lives there (who writes it)
 LAYOUT: dict[str, str] = {

@@ -4,8 +4,11 @@ Layers, lowest first: built-in defaults -> the system file -> the user's file (X
 -> the environment (``PROVISION_*``) -> flags (``provision --set KEY=VALUE``). Files are TOML
 with top-level keys named as in ``SPECS`` (``accel = "tcg"``). ``provision/cli`` builds the
 object once in ``main()`` (``load``) and hands it down; ``current()`` is what the library reads
-(the object ``main`` installed, else one built from ``os.environ`` for library callers and
-tests). The idea comes from cibuildwheel's ``options.py`` and RamaLama's layered config.
+(the object ``main`` installed for this one command, else one built from ``os.environ`` as it is
+now, for library callers and tests). This is the only module that reads a ``PROVISION_*``
+variable (tests/core/test_settings_everywhere.py holds that line); the others read ``current()``
+or are given the value. The idea comes from cibuildwheel's ``options.py`` and RamaLama's
+layered config.
 
 Pure apart from reading the two files it is given; nothing here writes.
 """
@@ -13,6 +16,8 @@ Pure apart from reading the two files it is given; nothing here writes.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -49,16 +54,21 @@ def _platformdir(kind: str) -> Callable[[], str]:
     return lambda: user_dir(kind)
 
 
+_SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?$", re.I)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+MAX_SECONDS = 3600.0
+
+
 def _positive_int(raw: str) -> str | None:
     return None if raw.isdigit() and int(raw) >= 1 else "a positive integer"
 
 
 def _seconds(raw: str) -> str | None:
     try:
-        ok = 0 < float(raw) <= 3600
+        ok = 0 < float(raw) <= MAX_SECONDS
     except ValueError:
         ok = False
-    return None if ok else "seconds above 0 and at most 3600"
+    return None if ok else f"seconds above 0 and at most {MAX_SECONDS:g}"
 
 
 def _one_of(*choices: str) -> Callable[[str], str | None]:
@@ -70,16 +80,40 @@ def _path(raw: str) -> str | None:
 
 
 def _size(raw: str) -> str | None:
-    import re
-
-    ok = re.fullmatch(r"\d+(?:\.\d+)?\s*[KMGT]?(?:i?B)?", raw.strip(), re.I)
-    return None if ok else "a size such as 512M or 2G"
+    return None if _SIZE.match(raw.strip()) else "a size such as 512M or 2G (0: always)"
 
 
 def _host(raw: str) -> str | None:
-    import re
-
     return None if re.fullmatch(r"[A-Za-z0-9.\-\[\]:/]{1,255}", raw) else "a registry host[:port]"
+
+
+def parse_size(raw: str) -> int:
+    """Bytes of a size such as 512M, 2G or 1.5GiB (checked by ``_size``)."""
+    m = _SIZE.match(raw.strip())
+    if m is None:
+        raise ValueError(raw)
+    return int(float(m["n"]) * _UNITS[m["unit"].upper()])
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A setting's type: its name (shown by config show), what a good value is, its Python value."""
+
+    name: str
+    check: Callable[[str], str | None]  # None when ``raw`` is good, else what a good value is
+    parse: Callable[[str], Any] = str
+
+
+PATH = Kind("path", _path, lambda raw: Path(raw).expanduser())
+COUNT = Kind("integer >= 1", _positive_int, int)
+SECONDS = Kind("seconds", _seconds, float)
+SIZE = Kind("size", _size, parse_size)
+SWITCH = Kind("0 or 1", _one_of("0", "1"), lambda raw: raw == "1")
+HOST = Kind("host[:port]", _host)
+
+
+def choice(*choices: str) -> Kind:
+    return Kind("/".join(choices), _one_of(*choices))
 
 
 @dataclass(frozen=True)
@@ -87,32 +121,54 @@ class Spec:
     key: str
     env: str
     default: str | Callable[[], str] | None  # None: decided where it is used (``default_note`` says how)
-    check: Callable[[str], str | None]  # what a good value is, or None when ``raw`` is good
+    kind: Kind
     help: str
-    default_note: str = ""
+    default_note: str = ""  # how the default is decided, where it is not one fixed value
+    example: str = ""  # a good value, for the fix of a bad one
+
+    def default_text(self) -> str:
+        """The default as the README's table and `config show` describe it."""
+        return self.default if isinstance(self.default, str) else self.default_note
+
+    @property
+    def check(self) -> Callable[[str], str | None]:
+        return self.kind.check
+
+
+def _shortnames_default() -> str:
+    return str(Path(user_dir("config")) / "shortnames.conf")
 
 
 SPECS: tuple[Spec, ...] = (
-    Spec("cache", "PROVISION_CACHE", _platformdir("cache"), _path, "root of every cache (core/paths.py LAYOUT)"),
-    Spec("state", "PROVISION_STATE", _platformdir("state"), _path, "machine routes and per-invocation logs"),
-    Spec("data_root", "PROVISION_DATA_ROOT", lambda: str(Path(__file__).resolve().parents[2]), _path,
-         "where containerfiles/ and patches/ are (a relocated install)"),
-    Spec("host_tools", "PROVISION_HOST_TOOLS", None, _path, "QEMU + virglrenderer chroot (or / for the host's)",
-         "search: cached chroot, installed bundle, host PATH"),
-    Spec("accel", "PROVISION_ACCEL", None, _one_of("kvm", "tcg"), "Linux guest accelerator",
-         "kvm when usable, else tcg"),
-    Spec("gpu_slots", "PROVISION_GPU_SLOTS", "2", _positive_int, "GPU guests at once on this host"),
-    Spec("guest_debug", "PROVISION_GUEST_DEBUG", "0", _one_of("0", "1"), "1: the guest kernel's console on stderr"),
-    Spec("stall_s", "PROVISION_STALL_S", "20", _seconds, "a model pull retries after this long without a byte"),
-    Spec("podman_isolation", "PROVISION_PODMAN_ISOLATION", None, _one_of("chroot", "oci", "rootless"),
-         "podman build --isolation", "decided from the host: chroot inside a container"),
-    Spec("ask_above", "PROVISION_ASK_ABOVE", "2G", _size, "an interactive model pull asks before more than this"),
-    Spec("shortnames", "PROVISION_SHORTNAMES", None, _path, "your model shortnames file",
-         "shortnames.conf in the user config directory"),
-    Spec("ollama_registry", "PROVISION_OLLAMA_REGISTRY", None, _host, "registry for ollama:// and NAME:TAG",
-         "none: name one here or in the reference"),
-    Spec("docker_registry", "PROVISION_DOCKER_REGISTRY", None, _host, "registry for docker://REPO:TAG",
-         "none: name one here or in the reference"),
+    Spec("cache", "PROVISION_CACHE", _platformdir("cache"), PATH, "root of every cache (core/paths.py LAYOUT)",
+         "the user cache directory (XDG_CACHE_HOME)/krun-gpu", example="/var/cache/krun-gpu"),
+    Spec("state", "PROVISION_STATE", _platformdir("state"), PATH, "machine routes and per-invocation logs",
+         "the user state directory (XDG_STATE_HOME)/krun-gpu", example="/var/lib/krun-gpu"),
+    Spec("data_root", "PROVISION_DATA_ROOT", lambda: str(Path(__file__).resolve().parents[2]), PATH,
+         "where containerfiles/ and patches/ are (a relocated install)", "beside the provision package",
+         example="/usr/share/krun-gpu"),
+    Spec("host_tools", "PROVISION_HOST_TOOLS", None, PATH, "QEMU + virglrenderer chroot or bundle (or / for the "
+         "host's)", "search: cached chroot, installed bundle, host PATH", example="/"),
+    Spec("accel", "PROVISION_ACCEL", None, choice("kvm", "tcg"), "Linux guest accelerator",
+         "kvm when usable, else tcg", example="tcg"),
+    Spec("gpu_slots", "PROVISION_GPU_SLOTS", "2", COUNT, "GPU guests at once on this host", example="2"),
+    Spec("guest_debug", "PROVISION_GUEST_DEBUG", "0", SWITCH, "1: the guest kernel's console on stderr",
+         example="1"),
+    Spec("apir_host_ggml", "PROVISION_APIR_HOST_GGML", None, PATH,
+         "APIR on a bundle's host: the bin/ of its own `provision ggml build`",
+         "the host-tools chroot's ggml build", example="/srv/ggml-cuda/bin"),
+    Spec("stall_s", "PROVISION_STALL_S", "20", SECONDS, "a model pull retries after this long without a byte",
+         example="20"),
+    Spec("podman_isolation", "PROVISION_PODMAN_ISOLATION", None, choice("chroot", "oci", "rootless"),
+         "podman build --isolation", "decided from the host: chroot inside a container", example="oci"),
+    Spec("ask_above", "PROVISION_ASK_ABOVE", "2G", SIZE, "an interactive model pull asks before more than this",
+         example="4G"),
+    Spec("shortnames", "PROVISION_SHORTNAMES", _shortnames_default, PATH, "your model shortnames file",
+         "shortnames.conf in the user config directory", example="~/shortnames.conf"),
+    Spec("ollama_registry", "PROVISION_OLLAMA_REGISTRY", None, HOST, "registry for ollama:// and NAME:TAG",
+         "the shortnames files' [registries]", example="registry.example:5000"),
+    Spec("docker_registry", "PROVISION_DOCKER_REGISTRY", None, HOST, "registry for docker://REPO:TAG",
+         "the shortnames files' [registries]", example="registry.example:5000"),
 )
 BY_KEY = {s.key: s for s in SPECS}
 
@@ -135,6 +191,11 @@ class Settings:
     def source(self, key: str) -> str:
         return self.values[key].source
 
+    def typed(self, key: str) -> Any:
+        """The value as its kind's Python value (Path, int, float, bool, bytes for a size), or None."""
+        raw = self.get(key)
+        return None if raw is None else BY_KEY[key].kind.parse(raw)
+
     def path(self, key: str) -> Path | None:
         raw = self.get(key)
         return Path(raw).expanduser() if raw else None
@@ -149,7 +210,28 @@ class Settings:
 
     @property
     def gpu_slots(self) -> int:
-        return int(self.get("gpu_slots") or 2)
+        return int(self.get("gpu_slots") or default_of("gpu_slots"))
+
+    def shown(self, key: str) -> str:
+        """The value as the place it came from spells it, for a message: ``PROVISION_ACCEL=tcg``,
+        ``--set accel=tcg``, ``accel = "tcg" (user file PATH)``, ``accel = "tcg" (default)``."""
+        v, spec = self.values[key], BY_KEY[key]
+        if v.source.startswith("environment"):
+            return f"{spec.env}={shlex.quote(v.value or '')}"
+        if v.source.startswith("flag"):
+            return f"--set {key}={shlex.quote(v.value or '')}"
+        return f'{key} = "{v.value}" ({v.source})' if v.value is not None else f"{key} unset ({spec.default_note})"
+
+    def unset_hint(self, key: str) -> str:
+        """How to take this value away again, where it came from (the fix of a message about it)."""
+        v, spec = self.values[key], BY_KEY[key]
+        if v.source.startswith("environment"):
+            return f"unset {spec.env}"
+        if v.source.startswith("flag"):
+            return f"drop --set {key}"
+        if v.source.startswith(("system file", "user file")):
+            return f"remove {key} from {v.source.split(' ', 2)[2]}"
+        return f"set {spec.env} (or {key} in the config file)"
 
     def rows(self) -> list[dict[str, Any]]:
         """Every setting, with its value, where it came from and what it is for (config show, doctor)."""
@@ -157,22 +239,39 @@ class Settings:
         for spec in SPECS:
             v = self.values[spec.key]
             shown = v.value if v.value is not None else f"({spec.default_note})"
-            out.append({"key": spec.key, "value": shown, "source": v.source, "env": spec.env, "help": spec.help})
+            out.append({"key": spec.key, "value": shown, "source": v.source, "env": spec.env,
+                        "type": spec.kind.name, "help": spec.help})  # fmt: skip
         return out
 
     def environ(self) -> dict[str, str]:
-        """The values that came from a file or a flag, as the ``PROVISION_*`` variables they stand for,
-        for the modules that still read the environment (and for the children they start)."""
+        """The values that came from a file or a flag, as the ``PROVISION_*`` variables they stand
+        for: the environment of the programs a command starts (provision's own children read them)."""
         return {BY_KEY[k].env: v.value for k, v in self.values.items()
                 if v.value is not None and not v.source.startswith(("default", "environment"))}  # fmt: skip
 
 
+def default_of(key: str) -> str:
+    """A setting's built-in default (for the modules that keep it as a constant too)."""
+    default = BY_KEY[key].default
+    value = default() if callable(default) else default
+    if value is None:
+        raise AssertionError(f"setting {key} has no fixed default ({BY_KEY[key].default_note})")
+    return value
+
+
 def _check(spec: Spec, raw: str, where: str) -> str:
+    """``raw`` when it is a good value of ``spec``, else E003 naming where it was, the key and the value."""
     why = spec.check(raw)
-    if why is not None:
-        raise InvalidValue(f"{where}: {spec.key} = {raw!r}: expected {why}",
-                           fix=f"set {spec.key} in {where} to {why}, or remove it")  # fmt: skip
-    return raw
+    if why is None:
+        return raw
+    example = spec.example or "VALUE"
+    if where.startswith("environment"):
+        fix = f"set {spec.env} to {why} (e.g. {spec.env}={shlex.quote(example)}), or unset it"
+    elif where == "--set":
+        fix = f"give {spec.key} {why} (e.g. --set {spec.key}={shlex.quote(example)}), or drop it"
+    else:
+        fix = f'in {where}, set {spec.key} to {why} (e.g. {spec.key} = "{example}"), or remove it'
+    raise InvalidValue(f"{where}: {spec.key} = {raw!r}: expected {why}", fix=fix)
 
 
 def read_file(path: Path, layer: str) -> dict[str, str]:
@@ -253,7 +352,8 @@ _installed: list[Settings] = []
 
 
 def current() -> Settings:
-    """The settings ``main()`` built for this command; outside a command, the environment's now."""
+    """The settings ``main()`` built for this command; outside a command, the environment's now
+    (built afresh on each call, so a test's ``monkeypatch.setenv`` counts at once)."""
     return _installed[-1] if _installed else load()
 
 

@@ -19,7 +19,7 @@ import filelock
 
 from provision.adapters import debootstrap, partials, podman
 from provision.core import catalog as catalog_mod
-from provision.core import layout, paths
+from provision.core import layout, paths, settings
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
 from provision.core.log import say
@@ -216,7 +216,7 @@ def build(
     rendered = render_stack(stack, pins, base_image=base_image, model=model_input)
     context = prepare_context(rendered, stack, model_path)
     ref = tag or default_tag(rendered)
-    flags = podman.decide_flags(podman.probe_host())
+    flags = host_flags()
     stages = []
     for stage in rendered.package_stages:
         say("image")(f"image: {stack.name}: {stage.stage} packages as {stage.ref} (network on)")
@@ -228,5 +228,11 @@ def build(
     return BuiltImage(ref=ref, image_id=result.image_id, stack=stack.name, result=result, stages=tuple(stages))
 
 
+def host_flags() -> podman.BuildFlags:
+    """podman's flags on this host: what it needs, the setting podman_isolation over its isolation."""
+    s = settings.current()
+    return podman.decide_flags(podman.probe_host(), s.get("podman_isolation"), s.shown("podman_isolation"))
+
+
 def export_rootfs(image_ref: str, dest: Path) -> Path:
-    return podman.export_rootfs(image_ref, dest, podman.decide_flags(podman.probe_host()))
+    return podman.export_rootfs(image_ref, dest, host_flags())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO
 
 from provision.adapters import http as web
+from provision.core import settings
 from provision.core.errors import DiskFull, DownloadFailed, InvalidValue, ModelHashMismatch, NotGguf
 from provision.core.progress import Progress
 from provision.models.files import DISK_ERRNOS as _DISK_ERRNOS
@@ -42,9 +43,8 @@ class Store(Protocol):
     def _install_blob(self, tmp: Path, sha256: str) -> Path: ...
 
 CONNECT_TIMEOUT_S = 15.0
-STALL_S = 20.0  # no byte for this long: the attempt has stalled (PROVISION_STALL_S, --stall-timeout)
-MAX_STALL_S = 3600.0
-STALL_ENV = "PROVISION_STALL_S"
+STALL_S = float(settings.default_of("stall_s"))  # no byte for this long: stalled (setting stall_s, --stall-timeout)
+MAX_STALL_S = settings.MAX_SECONDS
 MAX_ATTEMPTS = 5  # consecutive attempts that brought no new byte
 MAX_TOTAL_ATTEMPTS = 40  # attempts in all, however each ended
 BACKOFF_S = 0.5  # doubled after each such attempt, capped at BACKOFF_MAX_S
@@ -105,15 +105,10 @@ def check_stall(value: float, what: str) -> float:
 
 
 def stall_seconds() -> float:
-    """How long a pull waits for the next byte before it counts the attempt as stalled."""
-    raw = os.environ.get(STALL_ENV)
-    if raw is None:
-        return STALL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidValue(f"{STALL_ENV}={raw!r}: not a number of seconds", fix=f"e.g. {STALL_ENV}=20") from None
-    return check_stall(value, STALL_ENV)
+    """How long a pull waits for the next byte before it counts the attempt as stalled (the
+    setting stall_s, checked where it was read)."""
+    value: float = settings.current().typed("stall_s")
+    return value
 
 
 class Downloader:

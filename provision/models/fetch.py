@@ -9,11 +9,11 @@ a split model gets a ref only once every part is whole.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from provision.core import settings
 from provision.core.errors import InvalidValue, RunCancelled
 from provision.models import remote, shortnames, transports
 from provision.models.download import check_stall, stall_seconds
@@ -22,10 +22,8 @@ from provision.models.remote import Plan
 from provision.models.store import PullResult, Store
 from provision.models.transports import RegistryRef
 
-ASK_ENV = "PROVISION_ASK_ABOVE"
-ASK_DEFAULT = 2 << 30  # bytes: above this an interactive pull asks first (ramalama #2182)
-_SIZE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]?)(?:i?B)?$", re.I)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+# bytes: above this an interactive pull asks first (ramalama #2182); the setting ask_above
+ASK_DEFAULT = settings.parse_size(settings.default_of("ask_above"))
 
 
 def human(size: int | None) -> str:
@@ -39,13 +37,9 @@ def human(size: int | None) -> str:
 
 
 def ask_threshold() -> int:
-    raw = os.environ.get(ASK_ENV)
-    if raw is None:
-        return ASK_DEFAULT
-    m = _SIZE.match(raw.strip())
-    if not m:
-        raise InvalidValue(f"{ASK_ENV}={raw!r}: not a size", fix=f"e.g. {ASK_ENV}=4G (or 0 to always ask)")
-    return int(float(m["n"]) * _UNITS[m["unit"].upper()])
+    """The setting ask_above in bytes (checked where it was read)."""
+    value: int = settings.current().typed("ask_above")
+    return value
 
 
 def plan(
@@ -94,7 +88,7 @@ def pull(
     threshold = ask_threshold()
     if size is not None and size > threshold:
         if ask is None:
-            store._say(f"{todo.name}: above {ASK_ENV} ({human(threshold)}); not asking (non-interactive), pulling")
+            store._say(f"{todo.name}: above ask_above ({human(threshold)}); not asking (non-interactive), pulling")
         elif not ask(size):
             raise RunCancelled(f"{todo.name}: pull of {human(size)} declined; nothing was fetched",
                                fix="run it again and answer y, or pass --yes")  # fmt: skip

@@ -1,28 +1,27 @@
 """Short names for references: ours (provision/data/shortnames.conf) and the user's file over them.
 
-The user's file is PROVISION_SHORTNAMES, else ``shortnames.conf`` in the user config directory
-(platformdirs). Both are TOML with ``[shortnames]`` (NAME = REFERENCE) and ``[registries]``
+The user's file is the setting ``shortnames`` (default ``shortnames.conf`` in the user config
+directory). Both are TOML with ``[shortnames]`` (NAME = REFERENCE) and ``[registries]``
 (TRANSPORT = HOST: where a reference without a registry goes). A value is checked when read: a
 short name may not point at another short name, and a bad file is E003 naming the file and key.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from provision.core import settings
 from provision.core.errors import InvalidValue
 
 SHIPPED = Path(__file__).resolve().parents[1] / "data" / "shortnames.conf"
-ENV = "PROVISION_SHORTNAMES"
 _KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
 _VALUE = re.compile(r"^[^\s\x00-\x1f\x7f]{1,1000}$")
 _REGISTRY = re.compile(r"^[A-Za-z0-9.\-\[\]:/]{1,255}$")
-REGISTRY_ENV = {"ollama": "PROVISION_OLLAMA_REGISTRY", "docker": "PROVISION_DOCKER_REGISTRY"}
+REGISTRY_SETTING = {"ollama": "ollama_registry", "docker": "docker_registry"}  # transport -> its setting
 
 
 @dataclass(frozen=True)
@@ -33,12 +32,8 @@ class Shortname:
 
 
 def user_file() -> Path:
-    env = os.environ.get(ENV)
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("krun-gpu")) / "shortnames.conf"
+    """The setting shortnames (default: shortnames.conf in the user config directory)."""
+    return settings.current().path("shortnames") or Path(settings.default_of("shortnames"))
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -86,10 +81,12 @@ def expand(reference: str) -> str:
 
 
 def registry(transport: str) -> str:
-    """The registry for a reference of ``transport`` that names none: env, the user's file, ours."""
-    env = REGISTRY_ENV.get(transport)
-    value: Any = os.environ.get(env) if env else None
-    where = f"${env}" if value else ""
+    """The registry for a reference of ``transport`` that names none: the setting (ollama_registry,
+    docker_registry), the user's shortnames file, ours."""
+    key = REGISTRY_SETTING.get(transport)
+    s = settings.current()
+    value: Any = s.get(key) if key else None
+    where = s.shown(key) if key and value else ""
     if not value:
         for path in reversed(_files()):
             value = _read(path).get("registries", {}).get(transport)
@@ -99,6 +96,7 @@ def registry(transport: str) -> str:
     if not isinstance(value, str) or not _REGISTRY.match(value):
         raise InvalidValue(
             f"no usable default registry for {transport}:// ({where or 'not set'}: {value!r})",
-            fix=f"name the registry in the reference ({transport}://HOST/REPO:TAG), or set {env or 'it'}=HOST",
+            fix=f"name the registry in the reference ({transport}://HOST/REPO:TAG)"
+            + (f", or set {settings.BY_KEY[key].env}=HOST (or {key} in the config file)" if key else ""),
         )
     return value

@@ -160,16 +160,20 @@ def test_failing_run_names_the_step(tmp_path, busybox_image, capsys):
 
 
 def test_host_flags_follow_the_host():
-    legacy = podman.decide_flags(podman.HostFacts("tmpfs", False, True), env={})
+    legacy = podman.decide_flags(podman.HostFacts("tmpfs", False, True))
     assert legacy.args() == ["--isolation=chroot", "--cgroup-manager=cgroupfs"]
-    modern = podman.decide_flags(podman.HostFacts("cgroup2fs", True, False), env={})
+    modern = podman.decide_flags(podman.HostFacts("cgroup2fs", True, False))
     assert modern.args() == []
-    assert (
-        podman.decide_flags(
-            podman.HostFacts("cgroup2fs", True, False), env={"PROVISION_PODMAN_ISOLATION": "oci"}
-        ).isolation
-        == "oci"
-    )
+    chosen = podman.decide_flags(podman.HostFacts("cgroup2fs", True, False), "oci", "PROVISION_PODMAN_ISOLATION=oci")
+    assert chosen.isolation == "oci" and "PROVISION_PODMAN_ISOLATION=oci set" in chosen.reasons
+
+
+def test_the_podman_isolation_setting_reaches_the_build_flags(monkeypatch):
+    monkeypatch.setattr(podman, "probe_host", lambda: podman.HostFacts("cgroup2fs", True, False))
+    monkeypatch.delenv("PROVISION_PODMAN_ISOLATION", raising=False)
+    assert images.host_flags().isolation is None
+    monkeypatch.setenv("PROVISION_PODMAN_ISOLATION", "oci")
+    assert images.host_flags().isolation == "oci"
 
 
 def test_step_lines_of_single_and_multi_stage_builds_are_recognised():

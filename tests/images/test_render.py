@@ -258,7 +258,7 @@ def test_no_step_after_the_package_step_can_reach_the_network(name):
     # ... and the build of that Containerfile has no network, whatever isolation the host needs.
     ctx = Path("ctx")
     for facts in (podman.HostFacts("tmpfs", False, True), podman.HostFacts("cgroup2fs", True, False)):
-        flags = podman.decide_flags(facts, env={})
+        flags = podman.decide_flags(facts)
         cmd = podman.build_command(ctx, "t", flags, offline=True)
         assert "--pull=never" in cmd
         assert cmd[:3] == ["unshare", "--net", "podman"] or "--network=none" in cmd

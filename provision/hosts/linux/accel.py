@@ -9,15 +9,15 @@ built for it (a Debian kernel dies there in the zstd decompressor), so guests ru
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from provision.adapters import runner
+from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check, Status
 from provision.core.errors import ToolMissing
 
-ENV_OVERRIDE = "PROVISION_ACCEL"
+ENV_OVERRIDE = settings_mod.BY_KEY["accel"].env
 
 
 @dataclass(frozen=True)
@@ -85,20 +85,23 @@ def host_decision(*, with_dmesg: bool = False, root: Path = Path("/")) -> Decisi
     )
 
 
-def for_run(env: Mapping[str, str] | None = None, *, with_dmesg: bool = False, root: Path = Path("/")) -> Decision:
-    """The one decision `provision run` acts on and `provision doctor` shows:
-    PROVISION_ACCEL (kvm|tcg) when set, else what this host supports."""
-    override = (os.environ if env is None else env).get(ENV_OVERRIDE)
+def for_run(
+    settings: settings_mod.Settings | None = None, *, with_dmesg: bool = False, root: Path = Path("/")
+) -> Decision:
+    """The one decision `provision run` acts on and `provision doctor` shows: the setting
+    ``accel`` (kvm|tcg; ``settings.current()``'s by default) when set, else what this host supports."""
+    s = settings or settings_mod.current()
+    override = s.get("accel")
     if override == "kvm" and not (root / "dev/kvm").exists():
-        return Decision("kvm", "fail", f"{ENV_OVERRIDE}=kvm, but there is no /dev/kvm: QEMU cannot start",
-                        f"unset {ENV_OVERRIDE}, or set it to tcg")
+        return Decision("kvm", "fail", f"{s.shown('accel')}, but there is no /dev/kvm: QEMU cannot start",
+                        f"{s.unset_hint('accel')}, or set it to tcg")
     if override in ("kvm", "tcg"):
         return Decision(override, "ok" if override == "kvm" else "warn",
-                        f"{ENV_OVERRIDE}={override}: guests run under {override.upper()}",
-                        f"unset {ENV_OVERRIDE} to let provision decide" if override == "tcg" else None)
+                        f"{s.shown('accel')}: guests run under {override.upper()}",
+                        f"{s.unset_hint('accel')} to let provision decide" if override == "tcg" else None)
     return host_decision(with_dmesg=with_dmesg, root=root)
 
 
-def host_accelerator(env: Mapping[str, str] | None = None) -> str:
+def host_accelerator(settings: settings_mod.Settings | None = None) -> str:
     """What `provision run` uses (for_run's accelerator)."""
-    return for_run(env).accel
+    return for_run(settings).accel

@@ -23,7 +23,7 @@ from provision.adapters.chroot import Chroot
 from provision.apir import ggml as ggml_build
 from provision.apir import route as apir_route
 from provision.apir import virglrenderer as virgl_apir
-from provision.core import layout, paths
+from provision.core import layout, paths, settings
 from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import ApirBackendRefused, HostToolsMissing
@@ -58,32 +58,39 @@ def _ggml() -> apir_route.HostGgml:
 
 
 # A bundle's host brings its own ggml (built there, e.g. `provision ggml build --variant cuda`):
-# the directory holding libggml-virtgpu-backend.so and one GPU backend library.
-HOST_GGML_ENV = "PROVISION_APIR_HOST_GGML"
+# the setting apir_host_ggml, the directory holding libggml-virtgpu-backend.so and one GPU backend library.
+HOST_GGML_ENV = settings.BY_KEY["apir_host_ggml"].env
 
 
-def _bundle_ggml(where: str) -> apir_route.HostGgml:
+def _bundle_ggml(where: Path) -> apir_route.HostGgml:
     lib = PurePosixPath(where)
     for name in ("cuda", "vulkan"):
         v = ggml_build.variant(name)
         if Path(str(lib / str(v.ggml_library))).is_file():
             return apir_route.HostGgml(lib / "libggml-virtgpu-backend.so", lib / str(v.ggml_library), str(v.ggml_reg))
     raise HostToolsMissing(
-        f"{HOST_GGML_ENV}={where} holds neither libggml-cuda.so nor libggml-vulkan.so",
-        fix=f"point {HOST_GGML_ENV} at the bin/ of `provision ggml build --variant cuda` (or vulkan)",
+        f"{settings.current().shown('apir_host_ggml')}: {where} holds neither libggml-cuda.so nor libggml-vulkan.so",
+        fix=f"point {HOST_GGML_ENV} (or apir_host_ggml in the config file) at the bin/ of "
+        "`provision ggml build --variant cuda` (or vulkan)",
     )
+
+
+def own_ggml() -> Path | None:
+    """The setting apir_host_ggml: a bundle's host's own ggml build, or None."""
+    return settings.current().path("apir_host_ggml")
 
 
 def locate(tools: host_tools.HostTools | None = None) -> ApirHost | None:
     tools = tools if tools is not None else host_tools.locate()
     if tools is None:
         return None
-    if tools.bundle and os.environ.get(HOST_GGML_ENV):
+    ggml_dir = own_ggml()
+    if tools.bundle and ggml_dir:
         # A bundle made with --apir: its virglrenderer at the chroot's path under the bundle root.
         prefix = PurePosixPath(str(tools.root)) / str(virgl_apir.PREFIX).lstrip("/")
         if not Path(str(prefix / "lib" / "libvirglrenderer.so.1")).is_file():
             return None
-        return ApirHost(tools, apir_route.VirglPrefix(prefix), _bundle_ggml(os.environ[HOST_GGML_ENV]))
+        return ApirHost(tools, apir_route.VirglPrefix(prefix), _bundle_ggml(ggml_dir))
     if not (tools.root / STAMP).is_file():
         return None
     return ApirHost(tools, apir_route.VirglPrefix(virgl_apir.PREFIX), _ggml())

@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 from provision.adapters import procs, qemu
 from provision.core import catalog
+from provision.core import settings as settings_mod
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits
@@ -180,7 +181,7 @@ def _facts(
         model_disk=model_disk,
         route_env=route_env,
         watch_workers=apir,
-        guest_debug=os.environ.get("PROVISION_GUEST_DEBUG") == "1",
+        guest_debug=bool(settings_mod.current().typed("guest_debug")),
     )
 
 

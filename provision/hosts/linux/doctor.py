@@ -1,9 +1,9 @@
 """Doctor checks for the Linux route's host tools (QEMU + virglrenderer Venus).
 
 The tools are found by ``tools.locate`` and the accelerator is picked by ``accel.for_run``,
-the same two functions `provision run` uses, with the environment doctor was given: the
-cached chroot, an installed ``--from`` bundle, ``PROVISION_HOST_TOOLS`` and
-``PROVISION_ACCEL`` count exactly as they do for a run. QEMU is asked what it supports
+the same two functions `provision run` uses, with the command's settings and the environment
+doctor was given: the cached chroot, an installed ``--from`` bundle, the settings ``host_tools``
+and ``accel`` count exactly as they do for a run. QEMU is asked what it supports
 through ``HostTools.wrap``, as a run starts it (a chroot's needs root). Every check says
 what it saw.
 """
@@ -128,5 +128,5 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     # QEMU runs inside a chroot's tree, but a bundle's QEMU runs on the host's: its EGL vendors are the host's.
     tree = tools.root if tools is not None and tools.is_chroot else Path("/")
     checks.append(check_display(nodes, display.egl_vendors(tree, env)))
-    checks.append(accel.for_run(env, with_dmesg=True).check())
+    checks.append(accel.for_run(with_dmesg=True).check())
     return checks

@@ -46,14 +46,14 @@ class HostFacts:
     """What the host has for this run, found before planning."""
 
     tools: HostTools
-    accel: str  # accel.for_run(): PROVISION_ACCEL, else what the CPU supports
+    accel: str  # accel.for_run(): the setting accel, else what the CPU supports
     render_node: bool  # a /dev/dri render node: QEMU renders headless on it, else on SDL
     root: vmdisk.RootDisk
     run_dir: Path
     model_disk: Path | None = None
     route_env: Mapping[str, str] = field(default_factory=dict)  # APIR: our virglrenderer and the host ggml
     watch_workers: bool = False  # APIR: a dead render worker leaves the guest spinning
-    guest_debug: bool = False  # PROVISION_GUEST_DEBUG=1: the kernel's boot messages in console.log
+    guest_debug: bool = False  # the setting guest_debug = 1: the kernel's boot messages in console.log
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,12 @@ from provision.core import settings
 from provision.core.errors import GpuSlotTimeout, RunCancelled
 from provision.core.paths import cache_dir
 
-ENV_VAR = "PROVISION_GPU_SLOTS"
-DEFAULT_SLOTS = 2  # the default of the setting gpu_slots (provision/core/settings.py)
+ENV_VAR = settings.BY_KEY["gpu_slots"].env
+DEFAULT_SLOTS = int(settings.default_of("gpu_slots"))
 
 
 def slot_count() -> int:
-    """The setting ``gpu_slots`` (checked where it was read: a file, PROVISION_GPU_SLOTS or --set)."""
+    """The setting ``gpu_slots`` (checked where it was read: a file, the environment or --set)."""
     return settings.current().gpu_slots
 
 

@@ -7,12 +7,12 @@ chroot lives in the cache under a key of suite + package list + versions, is bui
 ``.partial`` directory and renamed into place only when complete.
 
 Where the tools come from, first match wins:
-1. ``PROVISION_HOST_TOOLS`` (a chroot path, or ``/`` for the host's own programs);
+1. the setting ``host_tools`` (``PROVISION_HOST_TOOLS``: a chroot path, or ``/`` for the host's own programs);
 2. the cached chroot for the current pins;
 3. a bundle installed by ``provision host-tools --from`` (bundle.py: programs with their own
    loader and libc, run in place rather than in a chroot);
 4. the host itself, if its QEMU has what the route needs.
-``PROVISION_HOST_TOOLS`` may also name a directory a bundle was installed into.
+``host_tools`` may also name a directory a bundle was installed into.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ from typing import Any
 from provision.adapters import debootstrap, partials, procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import pins as pins_mod
+from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
 from provision.core.paths import cache_dir
 from provision.hosts.linux import bundle_archive as bundle_mod
 from provision.hosts.linux import guest_user
 
-ENV_VAR = "PROVISION_HOST_TOOLS"
+ENV_VAR = settings_mod.BY_KEY["host_tools"].env
 READY_STAMP = ".provision-host-tools.json"
 # Programs looked up inside the tools tree (relative to its root).
 RENDER_SERVER = "usr/libexec/virgl_render_server"
@@ -51,7 +52,7 @@ class HostTools:
     """Where the tools are: ``root`` is ``/`` for the host's own, else a chroot or an installed bundle."""
 
     root: Path
-    source: str  # "env", "cache", "bundle" or "host"
+    source: str  # "env" (the setting host_tools, from wherever it came), "cache", "bundle" or "host"
     bundle: bool = False  # programs under root start through their own wrappers, no chroot
 
     @property
@@ -95,16 +96,20 @@ def cached_root(pins: pins_mod.Pins | None = None) -> Path:
     return cache_dir("host-tools") / cache_key(pins)
 
 
-def locate(pins: pins_mod.Pins | None = None, env: Mapping[str, str] | None = None) -> HostTools | None:
+def locate(
+    pins: pins_mod.Pins | None = None,
+    env: Mapping[str, str] | None = None,
+    settings: settings_mod.Settings | None = None,
+) -> HostTools | None:
     """The tools provision will use, or None when there are none at all.
 
-    The one finder: `provision run` and `provision doctor` both ask it (``env`` is the
-    environment they were given; the process's own by default).
+    The one finder: `provision run` and `provision doctor` both ask it (``settings``: the
+    command's, ``settings.current()`` by default; ``env``: whose PATH finds the host's QEMU).
     """
     env = os.environ if env is None else env
-    named = env.get(ENV_VAR)
+    named = (settings or settings_mod.current()).path("host_tools")
     if named:
-        return HostTools(Path(named), "env", bundle=bundle_mod.is_bundle(Path(named)))
+        return HostTools(named, "env", bundle=bundle_mod.is_bundle(named))
     root = cached_root(pins)
     if (root / READY_STAMP).is_file():
         return HostTools(root, "cache")
@@ -158,7 +163,9 @@ def _fix(tools: HostTools | None) -> str:
     if tools is not None and tools.bundle:
         return "install the bundle again: `provision host-tools --from OUT.tar.zst`"
     if tools is not None and tools.source == "env":
-        return f"point {ENV_VAR} at a chroot made by `provision host-tools`, or unset it"
+        s = settings_mod.current()
+        return (f"point host_tools at a chroot made by `provision host-tools` (now {s.shown('host_tools')}), "
+                f"or {s.unset_hint('host_tools')}")  # fmt: skip
     return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Mesa's EGL)"
 
 

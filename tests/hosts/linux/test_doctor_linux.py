@@ -114,7 +114,8 @@ def test_tools_are_found_in_the_host_tools_chroot(tmp_path, monkeypatch):
     mesa = root / "usr/share/glvnd/egl_vendor.d/50_mesa.json"
     mesa.parent.mkdir(parents=True)
     mesa.write_text('{"file_format_version": "1.0.0", "ICD": {"library_path": "libEGL_mesa.so.0"}}')
-    env = {"PATH": "/nonexistent", dl.HOST_TOOLS_ENV: str(root)}
+    env = {"PATH": "/nonexistent"}
+    monkeypatch.setenv(dl.HOST_TOOLS_ENV, str(root))
     tools = host_tools.locate(env=env)
     assert tools is not None and tools.is_chroot and tools.root == root
     lib = host_tools.find(tools, host_tools.VIRGL_LIB_GLOB, env)

@@ -14,7 +14,7 @@ import pytest
 from provision.adapters import qemu
 from provision.adapters.chroot import Chroot
 from provision.bench import report as bench
-from provision.core import catalog
+from provision.core import catalog, settings
 from provision.core.errors import BenchGateFailed, GpuSlotTimeout
 from provision.hosts.linux import accel, slots
 from provision.hosts.linux import backend as linux
@@ -89,13 +89,17 @@ def _host(tmp_path: Path, cpuinfo: str, kvm: bool, pvm: bool = False) -> Path:
     ],
 )
 def test_this_host_gets_tcg_when_its_cpu_has_no_vmx(tmp_path: Path, cpuinfo: str, kvm: bool, pvm: bool,
-                                                    expected: str) -> None:
+                                                    expected: str, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _host(tmp_path, cpuinfo, kvm, pvm)
-    assert accel.for_run({}, root=root).accel == expected
-    # PROVISION_ACCEL is what the run uses, on any host; kvm without /dev/kvm is a failing check.
-    assert accel.for_run({"PROVISION_ACCEL": "tcg"}, root=root).accel == "tcg"
-    forced = accel.for_run({"PROVISION_ACCEL": "kvm"}, root=root)
+    monkeypatch.delenv("PROVISION_ACCEL", raising=False)
+    assert accel.for_run(root=root).accel == expected
+    # The setting accel is what the run uses, on any host; kvm without /dev/kvm is a failing check.
+    monkeypatch.setenv("PROVISION_ACCEL", "tcg")
+    assert accel.for_run(root=root).accel == "tcg"
+    forced = accel.for_run(settings.load({"PROVISION_ACCEL": "kvm"}, system=root / "none", user=root / "none"),
+                           root=root)  # fmt: skip
     assert forced.accel == "kvm" and forced.status == ("ok" if kvm else "fail")
+    assert forced.evidence.startswith("PROVISION_ACCEL=kvm") and (kvm or "unset PROVISION_ACCEL" in str(forced.fix))
 
 
 def test_device_help_parsing_finds_properties() -> None:
