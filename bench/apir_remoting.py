@@ -149,12 +149,11 @@ def build(setup: Setup, v: Variant) -> loopback_host.HostDirs:
 
 def llama_bench(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
                 stats: Path) -> dict[str, Any]:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(Path.home()), **loopback_host.bench_env(dirs, setup.target),
-           "APIR_LOOPBACK_STATS": str(stats)}
+    # CUDA: the caller's environment (the driver and runtime paths), as checks/apir-cuda runs it.
+    base = dict(os.environ) if setup.target == "cuda" else {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env = {**base, **loopback_host.bench_env(dirs, setup.target), "APIR_LOOPBACK_STATS": str(stats)}
     if setup.target == "cpu":
         env["APIR_LOOPBACK_DEVICE_TYPE"] = "gpu"  # llama's tools offload to GPU-type devices only
-    if setup.target == "cuda":
-        env.update({k: v for k, v in os.environ.items() if k.startswith(("CUDA", "NVIDIA"))})
     argv = [str(dirs.bin / "llama-bench"), "-m", str(model), "-dev", setup.device, "-ngl", "99", *test,
             "-r", str(reps), "-o", "jsonl"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
