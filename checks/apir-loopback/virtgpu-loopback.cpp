@@ -10,9 +10,20 @@
 // parameter crosses the real APIR encoders and decoders, with no VM and no virglrenderer:
 // the host-side reproduction of a failure seen through QEMU. A host-side abort ends this
 // process, where in a VM it would end the render worker.
+//
+// APIR_LOOPBACK_STATS=FILE: at exit, write a JSON count of the commands that crossed, by
+// command, with where their time went: "encode_ns" (the frontend, from preparing the command
+// to sending it: the graph serialization of GRAPH_COMPUTE is here), "host_ns" (the host's
+// dispatcher: decode + the backend's work) and "reply_ns" (the frontend decoding the reply,
+// until its next command or remote_call_finish). This is the profile bench/apir_remoting.py
+// reads; through QEMU each command also pays a virtio kick, a host wake-up and a reply poll.
+//
+// APIR_LOOPBACK_DEVICE_TYPE=gpu: report the host device as a GPU. With the CPU target the
+// remote device is a CPU, which llama's tools hide; this lets llama-bench offload to it.
 
 #include "virtgpu.h"
 #include "ggml-remoting.h"
+#include "backend/shared/apir_backend.h"
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -21,11 +32,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace {
 
@@ -46,6 +59,91 @@ std::mutex                  g_lock;
 std::map<uint32_t, void *>  g_resources;
 std::atomic<uint32_t>       g_next_res_id{ 1 };
 dispatch_fn                 g_dispatch = nullptr;
+
+// The profile: one slot per forwarded command, then HANDSHAKE and LOADLIBRARY.
+constexpr int STAT_HANDSHAKE   = APIR_BACKEND_DISPATCH_TABLE_COUNT;
+constexpr int STAT_LOADLIBRARY = APIR_BACKEND_DISPATCH_TABLE_COUNT + 1;
+constexpr int STAT_SLOTS       = APIR_BACKEND_DISPATCH_TABLE_COUNT + 2;
+
+struct command_stats {
+    uint64_t n         = 0;
+    uint64_t cmd_bytes = 0;
+    uint64_t encode_ns = 0;
+    uint64_t host_ns   = 0;
+    uint64_t reply_ns  = 0;
+};
+
+std::mutex    g_stats_lock;
+command_stats g_stats[STAT_SLOTS];
+const char *  g_stats_path = getenv("APIR_LOOPBACK_STATS");
+const bool    g_device_is_gpu = [] {
+    const char * v = getenv("APIR_LOOPBACK_DEVICE_TYPE");
+    return v && strcmp(v, "gpu") == 0;
+}();
+
+// Per thread: when the current command was prepared, and the command whose reply is being read.
+thread_local uint64_t t_prepared_ns = 0;
+thread_local uint64_t t_replied_ns  = 0;
+thread_local int      t_reply_slot  = -1;
+
+uint64_t now_ns() {
+    return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// The reply of the previous command ends when the frontend finishes it or prepares the next one.
+void close_reply(uint64_t now) {
+    if (t_reply_slot >= 0) {
+        std::lock_guard<std::mutex> hold(g_stats_lock);
+        g_stats[t_reply_slot].reply_ns += now - t_replied_ns;
+    }
+    t_reply_slot = -1;
+}
+
+const char * stat_name(int slot) {
+    if (slot == STAT_HANDSHAKE) {
+        return "HANDSHAKE";
+    }
+    if (slot == STAT_LOADLIBRARY) {
+        return "LOADLIBRARY";
+    }
+    const char * name   = apir_dispatch_command_name((ApirBackendCommandType) slot);
+    const char * prefix = "backend_";
+    return strncmp(name, prefix, strlen(prefix)) == 0 ? name + strlen(prefix) : name;
+}
+
+void write_stats() {
+    if (!g_stats_path) {
+        return;
+    }
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    FILE *                      f = fopen(g_stats_path, "w");
+    if (!f) {
+        fprintf(stderr, "apir-loopback: cannot write %s\n", g_stats_path);
+        return;
+    }
+    fprintf(f, "{\"commands\": {");
+    bool first = true;
+    for (int i = 0; i < STAT_SLOTS; i++) {
+        const command_stats & s = g_stats[i];
+        if (s.n == 0) {
+            continue;
+        }
+        fprintf(f,
+                "%s\n  \"%s\": {\"n\": %llu, \"cmd_bytes\": %llu, \"encode_ns\": %llu, \"host_ns\": %llu, "
+                "\"reply_ns\": %llu}",
+                first ? "" : ",", stat_name(i), (unsigned long long) s.n, (unsigned long long) s.cmd_bytes,
+                (unsigned long long) s.encode_ns, (unsigned long long) s.host_ns, (unsigned long long) s.reply_ns);
+        first = false;
+    }
+    fprintf(f, "\n}}\n");
+    fclose(f);
+}
+
+struct stats_at_exit {
+    ~stats_at_exit() { write_stats(); }
+} g_stats_at_exit;
 
 // The hypervisor passes no configuration map on this route either: the backend library
 // asks for these keys and the environment answers, as VIRGL_APIR's transition path does.
@@ -118,7 +216,8 @@ uint32_t host_load_library() {
 
 // One command, as the host handles it: the reply goes into the reply resource after its
 // 4-byte notification word, which carries the return value + 1.
-void host_handle(const char * cmd, const char * cmd_end) {
+// Returns the command's profile slot (-1: none).
+int host_handle(const char * cmd, const char * cmd_end) {
     const char * cur      = cmd;
     int32_t      cmd_type = (int32_t) read_u32(cur, cmd_end);
     uint32_t     flags    = read_u32(cur, cmd_end);
@@ -131,15 +230,18 @@ void host_handle(const char * cmd, const char * cmd_end) {
     char *       enc     = reply + sizeof(uint32_t);
     const char * enc_end = reply + SHMEM_REPLY_SIZE;
     uint32_t     ret     = 0;
+    int          slot    = -1;
 
     switch (cmd_type) {
         case APIR_COMMAND_TYPE_HANDSHAKE:
             memcpy(enc, &HOST_PROTOCOL_MAJOR, sizeof(uint32_t));
             memcpy(enc + sizeof(uint32_t), &HOST_PROTOCOL_MINOR, sizeof(uint32_t));
-            ret = APIR_HANDSHAKE_MAGIC;
+            ret  = APIR_HANDSHAKE_MAGIC;
+            slot = STAT_HANDSHAKE;
             break;
         case APIR_COMMAND_TYPE_LOADLIBRARY:
-            ret = g_dispatch ? (uint32_t) APIR_LOAD_LIBRARY_ALREADY_LOADED : host_load_library();
+            ret  = g_dispatch ? (uint32_t) APIR_LOAD_LIBRARY_ALREADY_LOADED : host_load_library();
+            slot = STAT_LOADLIBRARY;
             break;
         case APIR_COMMAND_TYPE_FORWARD:
             if (!g_dispatch) {
@@ -148,12 +250,18 @@ void host_handle(const char * cmd, const char * cmd_end) {
                 char * after = enc;
                 ret = APIR_FORWARD_BASE_INDEX +
                       g_dispatch(LOOPBACK_CTX_ID, &g_callbacks, flags, (char *) cur, cmd_end, enc, enc_end, &after);
+                if (flags == APIR_COMMAND_TYPE_DEVICE_GET_TYPE && g_device_is_gpu && after >= enc + sizeof(uint32_t)) {
+                    uint32_t gpu_type = GGML_BACKEND_DEVICE_TYPE_GPU;
+                    memcpy(enc, &gpu_type, sizeof(gpu_type));
+                }
             }
+            slot = flags < (uint32_t) APIR_BACKEND_DISPATCH_TABLE_COUNT ? (int) flags : -1;
             break;
         default:
             GGML_ABORT("apir-loopback: unknown command type %d", cmd_type);
     }
     notif->store(ret + 1, std::memory_order_release);
+    return slot;
 }
 
 }  // namespace
@@ -189,6 +297,10 @@ void virtgpu_shmem_destroy(virtgpu * gpu, virtgpu_shmem * shmem) {
 apir_encoder * remote_call_prepare(virtgpu * gpu, ApirCommandType apir_cmd_type, int32_t cmd_flags) {
     thread_local char         buffer[4096];
     thread_local apir_encoder enc;
+    if (g_stats_path) {
+        t_prepared_ns = now_ns();
+        close_reply(t_prepared_ns);
+    }
     enc = { buffer, buffer, buffer + sizeof(buffer), false };
     int32_t  cmd_type = apir_cmd_type;
     uint32_t reply_id = gpu->reply_shmem.res_id;
@@ -203,7 +315,23 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
     UNUSED(max_wait_ms);
     auto * notif = (std::atomic_uint *) gpu->reply_shmem.mmap_ptr;
     notif->store(0);
-    host_handle(enc->start, enc->cur);
+    if (!g_stats_path) {
+        host_handle(enc->start, enc->cur);
+    } else {
+        uint64_t sent = now_ns();
+        int      slot = host_handle(enc->start, enc->cur);
+        uint64_t done = now_ns();
+        if (slot >= 0) {
+            std::lock_guard<std::mutex> hold(g_stats_lock);
+            command_stats &             s = g_stats[slot];
+            s.n += 1;
+            s.cmd_bytes += (uint64_t) (enc->cur - enc->start);
+            s.encode_ns += sent - t_prepared_ns;
+            s.host_ns += done - sent;
+        }
+        t_reply_slot = slot;
+        t_replied_ns = done;
+    }
     uint32_t value = notif->load(std::memory_order_acquire);
     if (call_duration_ns) {
         *call_duration_ns = 0;
@@ -218,6 +346,9 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
 
 void remote_call_finish(virtgpu * gpu, apir_encoder * enc, apir_decoder * dec) {
     UNUSED(gpu);
+    if (g_stats_path) {
+        close_reply(now_ns());
+    }
     if (apir_encoder_get_fatal(enc)) {
         GGML_LOG_ERROR(GGML_VIRTGPU "%s: failed to encode the call\n", __func__);
     }

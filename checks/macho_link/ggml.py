@@ -1,6 +1,6 @@
 """libggml-virtgpu-backend and libggml-base, the darwin C++ libraries of the APIR bundle that need no
 Apple framework, cross-built for aarch64-macos with zig from the pinned llama.cpp (the verified
-PyPI sdist's vendored tree) with the Nix recipe's cmake flags, patch 0003 applied as in Nix. Metal
+PyPI sdist's vendored tree) with the Nix recipe's cmake flags, patches 0003 and 0005 applied as in Nix. Metal
 is off here (it needs Apple's frameworks): only a Mac builds libggml-metal."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from typing import Any
 
 from . import macho, toolchain, trees
 
-PATCH = "patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch"
+# The host-side patches, as nix/pkgs/ggml-virtgpu-backend.nix applies them.
+PATCHES = ("patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
+           "patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
 OFFLINE = "patches/cmake/ggml-virtgpu-offline.cmake"
 TARGETS = ("ggml-base", "ggml-virtgpu-backend")
 # nix/lib/ggml.nix cmakeFlags "metal", Metal off (tests/macho compares them with `nix eval`).
@@ -73,7 +75,7 @@ def check(upstream: Path, work: Path, log: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"tree": "llama-cpp", "cmake_flags": list(CMAKE_FLAGS), "problems": []}
     src = work / "llama.cpp"
     shutil.copytree(llama_cpp_tree(), src, symlinks=True)
-    result["patches"] = trees.apply_patches(src, [PATCH], log)
+    result["patches"] = trees.apply_patches(src, list(PATCHES), log)
     tools = toolchain.wrappers(work / "bin")
     build = work / "build"
     rc = toolchain.run(["cmake", "-S", str(src), "-B", str(build), "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
@@ -108,7 +110,7 @@ def check(upstream: Path, work: Path, log: Path) -> dict[str, Any]:
 def cached_check(upstream: Path, cache: Path, fresh: bool = False) -> dict[str, Any]:
     sdist = trees.pin_of("llama-cpp-python-sdist")
     h = hashlib.sha256(json.dumps({"v": trees.CHECK_VERSION, "sdist": sdist, "flags": CMAKE_FLAGS}).encode())
-    for rel in (PATCH, OFFLINE):
+    for rel in (*PATCHES, OFFLINE):
         h.update((trees.REPO / rel).read_bytes())
     h.update(toolchain.inputs_key().encode())
     key = h.hexdigest()[:20]

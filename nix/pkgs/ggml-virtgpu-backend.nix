@@ -38,9 +38,13 @@ effectiveStdenv.mkDerivation (finalAttrs: {
 
   src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } "llama-cpp" pin;
 
-  # The host-side fix the Linux route applies (provision/apir/loopback.py HOST_PATCHES): buffers
-  # are freed through ggml, so a backend buffer without free_buffer neither leaks nor kills the worker.
-  patches = [ ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch ];
+  # The host-side fixes the Linux route applies (provision/hosts/linux/loopback.py HOST_PATCHES):
+  # buffers are freed through ggml, so a backend buffer without free_buffer neither leaks nor kills
+  # the worker; an unchanged graph is not decoded again each token, and a decoded one is freed.
+  patches = [
+    ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch
+    ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
+  ];
 
   nativeBuildInputs = [
     cmake

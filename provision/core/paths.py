@@ -35,6 +35,7 @@ LAYOUT: dict[str, str] = {
     "bench": "`provision bench` reports: JSON, Markdown, PNG (hosts/linux/bench_run.py)",
     "crash": "tracebacks of bugs, one file each (cli/__init__.py)",
     "apir-cuda": "checks/apir-cuda's work directory: the CUDA ggml build and the loopback (on a GPU host)",
+    "apir-remoting": "bench/apir_remoting.py's two loopback builds (before/after the remoting cut), per target",
     "macho-link": "checks/macho-link's cross-builds for aarch64-macos, one per tree, its patches and zig",
     "test-fixtures": "what the test suite builds once and reuses: the busybox base image, tool packages (tests/)",
 }

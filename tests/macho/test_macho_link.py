@@ -247,4 +247,4 @@ def test_ggml_virtgpu_backend_and_base_link_as_mach_o_with_the_apir_plugin_abi()
     assert result["build_rc"] == 0
     assert result["plugin_symbols"] == ["apir_backend_deinit", "apir_backend_dispatcher", "apir_backend_initialize"]
     assert result["missing_plugin_symbols"] == []
-    assert result["patches"] == [ggml.PATCH]
+    assert result["patches"] == list(ggml.PATCHES)

@@ -43,7 +43,8 @@ BACKEND_SOURCES = (
 )
 # Host-side fixes: applied to the backend library the loopback builds (the guest image does not
 # build the backend, so they are not in its stack).
-HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",)
+HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
+                "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
 FRONTEND_SOURCES = (
     "ggml-backend-buffer.cpp", "ggml-backend.cpp", "ggml-backend-device.cpp", "ggml-backend-reg.cpp",
     "ggml-backend-buffer-type.cpp", "virtgpu-utils.cpp", "virtgpu-forward-device.cpp",
@@ -86,7 +87,8 @@ class Where:
 CHROOT = Where()
 
 
-def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = CHROOT) -> str:
+def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = CHROOT,
+                 host_patches: Sequence[str] = HOST_PATCHES) -> str:
     """Shell: patch a copy of the frontend, build it with the loopback, and build
     test-backend-ops against the host ggml (it needs ggml only, not libllama). The backend
     registry (libggml.so) is built here with just the CPU backend and the target, so the CPU
@@ -108,7 +110,7 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"cp -r {q(where.llama)}/ggml {w}/src/ && mkdir -p {w}/src/tests",
         f"cp {q(where.llama)}/tests/test-backend-ops.cpp {w}/src/tests/",
         *(f"patch -d {w}/src -p1 --forward --batch -i {q(where.patches + '/' + p)}"
-          for p in [*patches, *HOST_PATCHES]),
+          for p in [*patches, *host_patches]),
         # The host library, from the same patched tree (the host-tools one is unpatched).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} -I{front}/.. "
         + " ".join(f"{front}/backend/{s}" for s in BACKEND_SOURCES)

@@ -56,9 +56,10 @@ def where(dirs: HostDirs) -> loopback.Where:
     )
 
 
-def build_script(dirs: HostDirs, patches: Sequence[str], target: str) -> str:
+def build_script(dirs: HostDirs, patches: Sequence[str], target: str,
+                 host_patches: Sequence[str] = loopback.HOST_PATCHES) -> str:
     """loopback.build_script on the host's directories: the same sources, flags and patches."""
-    return loopback.build_script(patches, target, where(dirs))
+    return loopback.build_script(patches, target, where(dirs), host_patches)
 
 
 def run_env(dirs: HostDirs, target: str) -> dict[str, str]:

@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""The APIR remoting cost per token, with our patch series and without its last cut, side by side (issue 27).
+
+Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
+checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
+patches of the series up to 0003, "after" with the whole series (0004 frontend, 0005 host). The
+same llama-bench runs through each, alternately, with the loopback's per-command profile on
+(APIR_LOOPBACK_STATS). Each test runs twice, with 1 and with R repetitions: the difference
+divided by (R-1) x tokens is the cost of one more token, without model load and warm-up.
+
+  python bench/apir_remoting.py                   # here: CPU target, `host` + `guest` ggml builds
+  python bench/apir_remoting.py --target cuda --source TREE --drm-include DIR --cuda-arch 90
+                                                  # a CUDA host without a chroot (the lent H200)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from provision.apir import builds  # noqa: E402
+from provision.cli.output import table  # noqa: E402
+from provision.core import layout, paths  # noqa: E402
+from provision.hosts.linux import loopback, loopback_host  # noqa: E402
+
+# The cut under test: the last patch of the guest series and of the host series.
+CUT_GUEST = "0004-ggml-virtgpu-deterministic-graph-bytes-and-supports-op-cache.patch"
+CUT_HOST = "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch"
+# The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
+LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    guest_patches: tuple[str, ...]
+    host_patches: tuple[str, ...]
+
+
+def variants() -> tuple[Variant, Variant]:
+    guest, host = loopback.guest_patches(), loopback.HOST_PATCHES
+    assert guest[-1] == CUT_GUEST and host[-1] == CUT_HOST, "the cut is the last patch of each series"
+    return (Variant("before", tuple(guest[:-1]), tuple(host[:-1])), Variant("after", tuple(guest), tuple(host)))
+
+
+def per_token(one: Mapping[str, Any], many: Mapping[str, Any], extra_tokens: int) -> dict[str, dict[str, float]]:
+    """The profile of `extra_tokens` more tokens (the run with more repetitions minus the other), per token."""
+    out: dict[str, dict[str, float]] = {}
+    for cmd, m in many.items():
+        o = one.get(cmd, {})
+        row = {k: (float(m[k]) - float(o.get(k, 0))) / extra_tokens for k in ("n", "encode_ns", "host_ns", "reply_ns")}
+        if row["n"] > 0.005:
+            out[cmd] = {"n": round(row["n"], 2), **{k.replace("_ns", "_us"): round(row[k] / 1000, 2)
+                                                     for k in ("encode_ns", "host_ns", "reply_ns")}}
+    return out
+
+
+def totals(profile: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    return {k: round(sum(r[k] for r in profile.values()), 2) for k in ("n", "encode_us", "host_us", "reply_us")}
+
+
+def ratio_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for test, r in results.items():
+        b, a = r["before"], r["after"]
+        rows.append({"test": test, "before_ts": b["ts"], "before_sd": b["sd"], "after_ts": a["ts"], "after_sd": a["sd"],
+                     "ratio": round(a["ts"] / b["ts"], 3) if b["ts"] else None,
+                     "before_round_trips": b["total"]["n"], "after_round_trips": a["total"]["n"],
+                     "before_remoting_us": round(b["total"]["encode_us"] + b["total"]["reply_us"], 1),
+                     "after_remoting_us": round(a["total"]["encode_us"] + a["total"]["reply_us"], 1),
+                     "before_host_us": b["total"]["host_us"], "after_host_us": a["total"]["host_us"]})
+    return rows
+
+
+def render(report: Mapping[str, Any]) -> str:
+    lines = [f"APIR loopback, {report['device']}, model {Path(report['model']).name}; "
+             f"per token = ({report['repetitions']} - 1 repetitions) difference"]
+    cols = ["test", "before_ts", "after_ts", "ratio", "before_round_trips", "after_round_trips",
+            "before_remoting_us", "after_remoting_us", "before_host_us", "after_host_us"]
+    lines.append(table([c.upper() for c in cols], [[r[c] for c in cols] for r in report["side_by_side"]]))
+    for test, r in report["results"].items():
+        for name in ("before", "after"):
+            prof = r[name]["per_token"]
+            lines.append(f"\n{test} {name}: per token, by command")
+            lines.append(table(["COMMAND", "N", "ENCODE_US", "HOST_US", "REPLY_US"],
+                               [[c, p["n"], p["encode_us"], p["host_us"], p["reply_us"]] for c, p in prof.items()]))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Setup:
+    target: str
+    device: str
+    lib: Path  # the host ggml (libggml-base, the target's backend)
+    llama_bin: Path  # where llama-bench and its libraries come from
+    work: Path
+    tree: Path
+    drm_include: Path
+
+
+def cpu_setup(work: Path) -> Setup:
+    host = builds.ensure("host")
+    guest = builds.ensure("guest")
+    return Setup("cpu", loopback.TARGETS["cpu"][2], host.bin_dir, guest.bin_dir, work,
+                 Path(str(host.manifest["source"])), builds.drm_headers())
+
+
+def cuda_setup(work: Path, source: Path, drm_include: Path, cuda_arch: str, jobs: int) -> Setup:
+    built = builds.ensure("cuda-tools", jobs=jobs, cuda_architectures=cuda_arch, source=source.resolve())
+    return Setup("cuda", loopback.TARGETS["cuda"][2], built.bin_dir, built.bin_dir, work, source.resolve(),
+                 drm_include.resolve())
+
+
+def build(setup: Setup, v: Variant) -> loopback_host.HostDirs:
+    dirs = loopback_host.HostDirs(tree=setup.tree, loopback_src=loopback.loopback_dir(),
+                                  patches=layout.patches_dir() / "llama.cpp", work=setup.work / v.name,
+                                  drm_include=setup.drm_include, lib=setup.lib)
+    dirs.work.mkdir(parents=True, exist_ok=True)
+    script = loopback_host.build_script(dirs, v.guest_patches, setup.target, v.host_patches)
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"loopback build {v.name} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    # llama-bench beside the loopback registry (its backend scan finds libggml-virtgpu.so there).
+    # Sonames that the build's libraries ask for reach the loopback's copies: one libggml (the
+    # loopback registry) and one libggml-virtgpu-backend (two copies double-free at exit).
+    shutil.copy2(setup.llama_bin / "llama-bench", dirs.bin / "llama-bench")
+    if setup.llama_bin != setup.lib:
+        for name in LLAMA_LIBS:
+            shutil.copy2(setup.llama_bin / name, dirs.bin / name)
+    for soname, target in (("libggml.so.0", "libggml.so"),
+                           ("libggml-virtgpu-backend.so.0", "libggml-virtgpu-backend.so")):
+        (dirs.bin / soname).unlink(missing_ok=True)
+        (dirs.bin / soname).symlink_to(target)
+    return dirs
+
+
+def llama_bench(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
+                stats: Path) -> dict[str, Any]:
+    # CUDA: the caller's environment (the driver and runtime paths), as checks/apir-cuda runs it.
+    base = dict(os.environ) if setup.target == "cuda" else {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    env = {**base, **loopback_host.bench_env(dirs, setup.target), "APIR_LOOPBACK_STATS": str(stats)}
+    if setup.target == "cpu":
+        env["APIR_LOOPBACK_DEVICE_TYPE"] = "gpu"  # llama's tools offload to GPU-type devices only
+    argv = [str(dirs.bin / "llama-bench"), "-m", str(model), "-dev", setup.device, "-ngl", "99", *test,
+            "-r", str(reps), "-o", "jsonl"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not records or not stats.exists():
+        raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+    return {"record": records[-1], "commands": json.loads(stats.read_text())["commands"]}
+
+
+def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Path, tests: Mapping[str, Sequence[str]],
+            reps: int) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for test, argv in tests.items():
+            tokens = int(argv[argv.index("-n") + 1]) or int(argv[argv.index("-p") + 1])
+            results[test] = {}
+            for name, dirs in built.items():  # alternately, so both see the same machine load
+                one = llama_bench(setup, dirs, model, argv, 1, Path(tmp) / f"{name}-{test}-1.json")
+                many = llama_bench(setup, dirs, model, argv, reps, Path(tmp) / f"{name}-{test}-r.json")
+                prof = per_token(one["commands"], many["commands"], (reps - 1) * tokens)
+                rec = many["record"]
+                results[test][name] = {"ts": round(float(rec["avg_ts"]), 1), "sd": round(float(rec["stddev_ts"]), 1),
+                                       "per_token": prof, "total": totals(prof),
+                                       "setup_commands": {c: int(v["n"]) for c, v in one["commands"].items()}}
+                print(f"{test} {name}: {results[test][name]['ts']} t/s, {results[test][name]['total']}",
+                      file=sys.stderr, flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--target", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--model", type=Path, help="GGUF (default: the store's llama-kquant)")
+    p.add_argument("--source", type=Path, help="cuda: a copy of the pinned llama.cpp tree")
+    p.add_argument("--drm-include", type=Path, help="cuda: dir with xf86drm.h, libdrm/ and drm/")
+    p.add_argument("--cuda-arch", default="90")
+    p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("--work", type=Path, help="build dir (default: the cache's apir-remoting/<target>)")
+    p.add_argument("-n", "--n-gen", type=int, default=32)
+    p.add_argument("-p", "--n-prompt", type=int, default=128)
+    p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("--json", type=Path, help="write the report here too")
+    args = p.parse_args(argv)
+    if args.repetitions < 2:
+        p.error("--repetitions must be at least 2 (the per-token cost is a difference)")
+    work = (args.work or paths.cache_dir("apir-remoting") / args.target).resolve()
+    if args.model is None:
+        from provision.models import store
+        args.model = store.Store().path("llama-kquant")
+    if args.target == "cuda":
+        if not args.source or not args.drm_include:
+            p.error("--target cuda needs --source and --drm-include")
+        setup = cuda_setup(work, args.source, args.drm_include, args.cuda_arch, args.jobs)
+    else:
+        setup = cpu_setup(work)
+    built = {v.name: build(setup, v) for v in variants()}
+    tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
+             f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
+    results = measure(setup, built, args.model.resolve(), tests, args.repetitions)
+    report = {"device": setup.device, "model": str(args.model), "repetitions": args.repetitions,
+              "patches": {v.name: {"guest": v.guest_patches, "host": v.host_patches} for v in variants()},
+              "side_by_side": ratio_rows(results), "results": results}
+    print(render(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
