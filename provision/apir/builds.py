@@ -7,6 +7,7 @@ $ORIGIN, so relocatable) and a build.json manifest are staged and renamed into
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from provision.adapters import apt, cmake
+from provision.adapters import apt, cmake, runner
 from provision.apir import ggml as ggml_build
 from provision.core import layout, paths, pins
 from provision.core.errors import SourceUnavailable, ToolMissing
@@ -94,6 +95,40 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     return include
 
 
+def llama_patches() -> Path:
+    return layout.patches_dir() / "llama.cpp"
+
+
+def patch_digest(names: tuple[str, ...], source_id: str = "") -> str:
+    """What a patched copy of a tree is keyed by: the source and each patch's name and bytes."""
+    h = hashlib.sha256(source_id.encode())
+    for name in names:
+        h.update(name.encode() + b"\0" + (llama_patches() / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def patched_tree(tree: Path, names: tuple[str, ...], source_id: str, *, fetch: bool = True) -> Path:
+    """A copy of ``tree`` with our patches applied in order, made once in the cache (the tree is never changed)."""
+    if not names:
+        return tree
+    cache = paths.cache_dir("sources")
+    dest = cache / f"{tree.name}-patched-{patch_digest(names, source_id)}"
+    if not fetch or dest.is_dir():
+        return dest
+    with FileLock(str(dest) + ".lock"):
+        if dest.is_dir():
+            return dest
+        with tempfile.TemporaryDirectory(dir=cache, prefix=f".{dest.name}-") as tmp:
+            staged = Path(tmp) / "tree"
+            shutil.copytree(tree, staged, symlinks=True)
+            for name in names:
+                argv = ["patch", "-p1", "--forward", "--batch", "-d", str(staged), "-i", str(llama_patches() / name)]
+                runner.run(argv, error=SourceUnavailable, what=f"patch {name}", missing_fix="install patch",
+                           fix=f"patches/llama.cpp/{name} no longer applies to {tree}: re-base it on the pinned tree")
+            os.replace(staged, dest)
+    return dest
+
+
 def plan_for(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None = None,
              source: Path | None = None, pin_set: pins.Pins | None = None,
              fetch: bool = True) -> tuple[ggml_build.BuildPlan, str]:
@@ -107,6 +142,9 @@ def plan_for(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None
         # A trimmed copy of the same tree (the GPU machine has no network); keyed by its path.
         tree = source.resolve()
         source_id = f"local:{tree}"
+    if v.patches:  # the host-side fixes, on a copy (ggml.HOST_PATCHES)
+        tree = patched_tree(tree, v.patches, source_id, fetch=fetch)
+        source_id = f"{source_id}+patches:{patch_digest(v.patches)}"
     drm_dir = None
     if v.needs_drm_headers:
         drm_dir = drm_headers(pin_set) if fetch else drm_headers_dir(pin_set)

@@ -48,6 +48,12 @@ _HOST = {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VIRTGPU_BACKEND": "ONLY", "LLAMA
          "LLAMA_BUILD_TOOLS": "OFF"}
 _HOST_TARGETS = ("ggml-virtgpu-backend", "ggml-cpu")
 _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
+# Our host-side fixes to the APIR backend (patches/llama.cpp/), applied to a copy of the tree by every
+# build of it: ggml builds here, the route's chroot build, the loopback, Nix. 0003: buffers are freed
+# through ggml (the exit double free); 0005: the decoded graph is reused while the guest sends the
+# same bytes, and the previous one freed (it leaked a ggml context per token).
+HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
+                "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
 
 
 @dataclass(frozen=True)
@@ -62,26 +68,27 @@ class Variant:
     ggml_reg: str | None = None         # its registration symbol
     needs_drm_headers: bool = False
     in_ci: bool = False
+    patches: tuple[str, ...] = ()       # of patches/llama.cpp/, applied in order to a copy of the tree
 
 
 VARIANTS: dict[str, Variant] = {
     v.name: v
     for v in (
         Variant("host", "APIR host backend + CPU backend", _HOST, _HOST_TARGETS, _HOST_LIBS,
-                ("cmake", "ninja", "c++"), "libggml-cpu.so", KNOWN_REGS["cpu"], in_ci=True),
+                ("cmake", "ninja", "c++"), "libggml-cpu.so", KNOWN_REGS["cpu"], in_ci=True, patches=HOST_PATCHES),
         Variant("vulkan", "APIR host backend + Vulkan backend", {**_HOST, "GGML_VULKAN": "ON"},
                 (*_HOST_TARGETS, "ggml-vulkan"), (*_HOST_LIBS, "libggml-vulkan.so"),
-                ("cmake", "ninja", "c++", "glslc"), "libggml-vulkan.so", KNOWN_REGS["vulkan"]),
+                ("cmake", "ninja", "c++", "glslc"), "libggml-vulkan.so", KNOWN_REGS["vulkan"], patches=HOST_PATCHES),
         Variant("cuda", "APIR host backend + CUDA backend (FlashAttention on)",
                 {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON"},
                 (*_HOST_TARGETS, "ggml-cuda"), (*_HOST_LIBS, "libggml-cuda.so"),
-                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
+                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"], patches=HOST_PATCHES),
         Variant("cuda-tools", "cuda variant + native llama-bench and test-backend-ops on CUDA",
                 {**_HOST, "GGML_CUDA": "ON", "GGML_CUDA_FA": "ON", "LLAMA_BUILD_COMMON": "ON",
                  "LLAMA_BUILD_TOOLS": "ON", "LLAMA_BUILD_TESTS": "ON"},
                 (*_HOST_TARGETS, "ggml-cuda", "ggml", "llama-bench", "test-backend-ops"),
                 (*_HOST_LIBS, "libggml-cuda.so", "libggml.so", "libllama.so", "llama-bench", "test-backend-ops"),
-                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"]),
+                ("cmake", "ninja", "c++", "nvcc"), "libggml-cuda.so", KNOWN_REGS["cuda"], patches=HOST_PATCHES),
         Variant("guest", "guest ggml-virtgpu frontend + llama-bench",
                 {**_COMMON, "GGML_VIRTGPU": "ON", "GGML_VULKAN": "OFF", "LLAMA_BUILD_COMMON": "ON",
                  "LLAMA_BUILD_TOOLS": "ON"},

@@ -238,3 +238,57 @@ def test_vulkan_headers_without_layer_settings_are_refused_before_building(tmp_p
     assert problem and "239" in problem and "VK_EXT_layer_settings" in problem
     assert builds.vulkan_headers_problem(new) is None
     assert "libvulkan-dev" in (builds.vulkan_headers_problem(tmp_path / "missing.h") or "")
+
+
+def test_every_apir_host_variant_carries_our_host_fixes_and_the_guest_none():
+    for v in ggml_build.VARIANTS.values():
+        # a variant that names a ggml backend for APIR to load is a host side
+        assert v.patches == (ggml_build.HOST_PATCHES if v.ggml_library else ()), v.name
+    for name in ggml_build.HOST_PATCHES:
+        assert (builds.llama_patches() / name).is_file(), name
+
+
+def _mini_tree(root: Path) -> Path:
+    tree = root / "llama.cpp-mini"
+    (tree / "ggml").mkdir(parents=True)
+    (tree / "ggml" / "a.c").write_text("int a = 1;\n")
+    return tree
+
+
+def test_a_patched_tree_is_a_cached_copy_keyed_by_the_patches_bytes(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    patches = tmp_path / "patches" / "llama.cpp"
+    patches.mkdir(parents=True)
+    monkeypatch.setattr(builds, "llama_patches", lambda: patches)
+    (patches / "x.patch").write_text("--- a/ggml/a.c\n+++ b/ggml/a.c\n@@ -1 +1 @@\n-int a = 1;\n+int a = 2;\n")
+    tree = _mini_tree(tmp_path)
+    got = builds.patched_tree(tree, ("x.patch",), "src-1")
+    assert (got / "ggml" / "a.c").read_text() == "int a = 2;\n"
+    assert (tree / "ggml" / "a.c").read_text() == "int a = 1;\n"  # the pinned tree is never changed
+    assert builds.patched_tree(tree, ("x.patch",), "src-1") == got  # cached
+    assert not [p for p in got.parent.iterdir() if p.name.startswith(".")], "a staging directory was left"
+    (patches / "x.patch").write_text("--- a/ggml/a.c\n+++ b/ggml/a.c\n@@ -1 +1 @@\n-int a = 1;\n+int a = 3;\n")
+    again = builds.patched_tree(tree, ("x.patch",), "src-1")
+    assert again != got and (again / "ggml" / "a.c").read_text() == "int a = 3;\n"  # new bytes, new copy
+    assert builds.patched_tree(tree, (), "src-1") == tree
+
+
+def test_a_patch_that_no_longer_applies_is_e_coded_and_leaves_no_copy(tmp_path, monkeypatch):
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    patches = tmp_path / "patches" / "llama.cpp"
+    patches.mkdir(parents=True)
+    monkeypatch.setattr(builds, "llama_patches", lambda: patches)
+    (patches / "stale.patch").write_text("--- a/ggml/a.c\n+++ b/ggml/a.c\n@@ -1 +1 @@\n-int b = 9;\n+int b = 2;\n")
+    with pytest.raises(SourceUnavailable) as info:
+        builds.patched_tree(_mini_tree(tmp_path), ("stale.patch",), "src-1")
+    assert "stale.patch" in info.value.message and "re-base" in (info.value.fix or "")
+    assert not [p for p in (tmp_path / "cache" / "sources").iterdir() if not p.name.endswith(".lock")]
+
+
+@pytest.mark.slow
+def test_our_host_fixes_apply_to_the_pinned_tree(tmp_path, monkeypatch):
+    tree = sources.llama_cpp_tree()  # from the shared cache; the copy goes to a fresh one
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    got = builds.patched_tree(tree, ggml_build.HOST_PATCHES, "pinned")
+    text = (got / "ggml" / "src" / "ggml-virtgpu" / "backend" / "backend-dispatched-backend.cpp").read_text()
+    assert text != (tree / "ggml" / "src" / "ggml-virtgpu" / "backend" / "backend-dispatched-backend.cpp").read_text()

@@ -2,7 +2,8 @@
 
 `provision host-tools --apir` builds, in the sid chroot that already runs QEMU:
 - virglrenderer with APIR (pinned MR 1590 tree + the sid fixes) into /opt/virgl-apir;
-- the host ggml from the pinned llama.cpp tree: libggml-virtgpu-backend and the Vulkan
+- the host ggml from the pinned llama.cpp tree with our host-side fixes (ggml.HOST_PATCHES, on a
+  copy): libggml-virtgpu-backend and the Vulkan
   backend (Debian 12's Vulkan headers are too old for it; sid's are not) into
   /opt/krun-gpu/ggml/lib.
 Both are built against the chroot's own libraries, so QEMU there can load them. A stamp
@@ -20,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from filelock import FileLock
 
 from provision.adapters.chroot import Chroot
+from provision.apir import builds as ggml_builds
 from provision.apir import ggml as ggml_build
 from provision.apir import route as apir_route
 from provision.apir import virglrenderer as virgl_apir
@@ -182,7 +184,9 @@ def make(
     src = virgl_src if virgl_src is not None else virgl_apir.fetch_pinned(pin)
     tree = virgl_apir.prepare_tree(src, pin)
     tools = host_tools.make(pins, log=log)
-    llama = sources.llama_cpp_tree()
+    host_patches = ggml_build.variant(VARIANT).patches
+    source_id = str(pins.source(sources.SDIST_PIN)["sha256"])
+    llama = ggml_builds.patched_tree(sources.llama_cpp_tree(pins), host_patches, source_id)  # ggml.HOST_PATCHES
     build_dir = paths.cache_dir("virgl-apir", "build")
     with FileLock(str(tools.root) + ".apir.lock"):
         stamp = tools.root / STAMP
@@ -191,6 +195,7 @@ def make(
             "fixes": [f.commit for f in virgl_apir.fixes(pin)],
             "ggml": VARIANT,
             "llama_cpp": pins.source("llama-cpp")["rev"],
+            "llama_cpp_patches": ggml_builds.patch_digest(host_patches),
             "packages": build_packages(pins),
         }
         if stamp.is_file() and json.loads(stamp.read_text()) == wanted:

@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from provision.adapters import procs
 from provision.adapters.chroot import Chroot
+from provision.apir import ggml as ggml_build
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
@@ -41,10 +42,9 @@ BACKEND_SOURCES = (
     "backend.cpp", "backend-dispatched.cpp", "backend-dispatched-backend.cpp", "backend-dispatched-device.cpp",
     "backend-dispatched-buffer.cpp", "backend-dispatched-buffer-type.cpp", "apir_cs_ggml-rpc-back.cpp",
 )
-# Host-side fixes: applied to the backend library the loopback builds (the guest image does not
-# build the backend, so they are not in its stack).
-HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
-                "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
+# Host-side fixes: applied to the backend library the loopback builds, as to every host build
+# (the guest image does not build the backend, so they are not in its stack).
+HOST_PATCHES = ggml_build.HOST_PATCHES
 FRONTEND_SOURCES = (
     "ggml-backend-buffer.cpp", "ggml-backend.cpp", "ggml-backend-device.cpp", "ggml-backend-reg.cpp",
     "ggml-backend-buffer-type.cpp", "virtgpu-utils.cpp", "virtgpu-forward-device.cpp",
