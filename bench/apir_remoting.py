@@ -35,6 +35,7 @@ from provision.apir import builds  # noqa: E402
 from provision.cli.output import table  # noqa: E402
 from provision.core import layout, paths  # noqa: E402
 from provision.hosts.linux import loopback, loopback_host  # noqa: E402
+from provision.images import sources  # noqa: E402
 
 # The cut under test: the last patch of the guest series and of the host series.
 CUT_GUEST = "0004-ggml-virtgpu-deterministic-graph-bytes-and-supports-op-cache.patch"
@@ -114,8 +115,9 @@ class Setup:
 def cpu_setup(work: Path) -> Setup:
     host = builds.ensure("host")
     guest = builds.ensure("guest")
+    # The loopback patches its own copy: the pinned tree as it is, not the host build's patched one.
     return Setup("cpu", loopback.TARGETS["cpu"][2], host.bin_dir, guest.bin_dir, work,
-                 Path(str(host.manifest["source"])), builds.drm_headers())
+                 sources.llama_cpp_tree(), builds.drm_headers())
 
 
 def cuda_setup(work: Path, source: Path, drm_include: Path, cuda_arch: str, jobs: int) -> Setup:

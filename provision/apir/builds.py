@@ -203,7 +203,8 @@ def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None =
         timings["total_s"] = round(time.monotonic() - started, 1)
         manifest: dict[str, object] = {
             "variant": v.name, "key": key, "source": str(plan.source), "build_dir": str(work),
-            "source_id": source_id, "apir_protocol": list(protocol), "targets": list(v.targets),
+            "source_id": source_id, "patches": list(v.patches), "apir_protocol": list(protocol),
+            "targets": list(v.targets),
             "configure": plan.configure, "jobs": jobs, "timings": timings, "machine": platform.machine(),
             "cpus": os.cpu_count(), "ggml_library": v.ggml_library, "ggml_reg": v.ggml_reg,
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
