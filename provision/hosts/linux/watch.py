@@ -6,7 +6,8 @@ searched for ``KRUN-EXIT=<n>``, and, where the route is watched (APIR), each new
 QEMU's log and of the guest's stderr is classified on its own (a host GGML abort reaches
 QEMU's log, a guest-side one its stderr) and the render workers are polled
 (watchdog.WorkerWatch). The run also ends at once when a companion (Xvfb, the render
-server) exits, when another thread cancels it, or at the deadline.
+server) exits, when another thread cancels it, at the deadline, or when the guest's init has
+not said ``KRUN-INIT`` within BOOT_S (a guest that never booted is an error, not a long silence).
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ from provision.hosts.linux import companions, logs, watchdog
 # The guest's init ends the line; once QEMU is gone, what the console holds is all there is.
 EXIT_LINE = re.compile(rb"KRUN-EXIT=(\d+)\r?\n")
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
+# The guest's init says so first thing (data/guest/init); the kernel is quiet before it.
+INIT_LINE = re.compile(rb"KRUN-INIT ")
+# From QEMU's start to that line: ~10 s under TCG on 2 loaded cores here. A guest silent this long
+# never got to its init (once seen: QEMU spinning, nothing on the console, for 19 minutes).
+BOOT_S = 300.0
 POLL_S = 0.2
 
 
@@ -46,6 +52,7 @@ def watch(
     watch_workers: bool = False,
     beside: companions.Companions | None = None,
     cancel: threading.Event | None = None,
+    boot_s: float = BOOT_S,
 ) -> int:
     """The guest's exit status; raises the run's error (E021, E023, E026, VmFailed) otherwise."""
     stdout, stderr = logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)
@@ -53,7 +60,8 @@ def watch(
     qemu_log = logs.Lines(run_dir / "qemu.log")
     workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
     try:
-        return _loop(proc, run_dir, deadline, stdout, stderr, console, qemu_log, workers, beside, cancel)
+        boot = (logs.Marker(run_dir / "console.log"), time.monotonic() + boot_s, boot_s)
+        return _loop(proc, run_dir, deadline, stdout, stderr, console, qemu_log, workers, beside, cancel, boot)
     finally:
         if workers is not None:  # what the worker watch judged, beside the run's logs
             record = run_dir / "workers.json"
@@ -75,6 +83,7 @@ def _loop(
     workers: watchdog.WorkerWatch | None,
     beside: companions.Companions | None,
     cancel: threading.Event | None,
+    boot: tuple[logs.Marker, float, float] | None,
 ) -> int:
     status: int | None = None
     while True:
@@ -91,6 +100,16 @@ def _loop(
                 raise death.error()
         if proc.poll() is not None:
             break
+        if boot is not None:
+            if boot[0].search(INIT_LINE):
+                boot = None  # it booted: from here only the run's own deadline counts
+            elif time.monotonic() >= boot[1]:
+                procs.stop_process(proc, grace_s=2.0)
+                raise VmFailed(
+                    f"the guest's init never started: nothing on its console {boot[2]:.0f} s "
+                    f"after QEMU started; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})",
+                    fix=f"run it again; if it recurs, see {run_dir}/qemu.log and `provision doctor`",
+                )
         dead = beside.poll() if beside is not None else None
         if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")

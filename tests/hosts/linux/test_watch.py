@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.core.errors import GuestAborted, RunTimeout
+from provision.core.errors import GuestAborted, RunTimeout, VmFailed
 from provision.hosts.linux import logs, watch
 
 
@@ -100,3 +100,19 @@ def test_a_silent_guest_runs_to_its_deadline(tmp_path: Path, qemu) -> None:
     with pytest.raises(RunTimeout):
         watch.watch(qemu, tmp_path, start + 1.5, io.BytesIO(), io.BytesIO(), watch_workers=True)
     assert 1.5 <= time.monotonic() - start < 6
+
+
+def test_a_guest_whose_init_never_starts_is_stopped_at_the_boot_limit(tmp_path: Path, qemu) -> None:
+    start = time.monotonic()
+    with pytest.raises(VmFailed) as info:
+        watch.watch(qemu, tmp_path, start + 60, io.BytesIO(), io.BytesIO(), boot_s=1.0)
+    assert 1.0 <= time.monotonic() - start < 8 and "init never started" in info.value.message
+    assert qemu.poll() is not None  # QEMU was stopped
+
+
+def test_a_guest_that_booted_may_stay_silent_past_the_boot_limit(tmp_path: Path, qemu) -> None:
+    (tmp_path / "console.log").write_bytes(b"KRUN-INIT up=9.1\n")
+    console = tmp_path / "console.log"
+    _later(2.0, lambda: console.write_bytes(b"KRUN-INIT up=9.1\nKRUN-EXIT=0\n"))
+    _later(2.2, qemu.kill)
+    assert watch.watch(qemu, tmp_path, time.monotonic() + 30, io.BytesIO(), io.BytesIO(), boot_s=0.5) == 0
