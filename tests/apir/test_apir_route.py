@@ -116,6 +116,14 @@ class Qemu:
         self.proc.wait()
 
 
+@pytest.fixture
+def qemu(render_server: list[str]):
+    """A stand-in QEMU holding contexts on the real render server; stopped after the test."""
+    stand_in = Qemu(render_server)
+    yield stand_in
+    stand_in.close()
+
+
 def _until(what, timeout: float = 20.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -145,111 +153,87 @@ def _watched_worker(qemu: Qemu) -> tuple[watchdog.WorkerWatch, int]:
 
 
 @pytest.mark.root
-def test_a_worker_whose_guest_closed_its_context_is_not_a_death(render_server):
-    qemu = Qemu(render_server)
-    try:
-        watch, worker = _watched_worker(qemu)
-        qemu.say("close")  # the guest program ended: the worker exits (255) or the server kills it
-        _until(lambda: worker not in qemu.workers())
-        now = time.monotonic()
-        for later in (now, now + 1.5, now + 60.0, now + 3600.0):  # silent far past any grace
-            assert watch.poll(later) is None
-        assert not [c for c in watch.contexts.values() if c.counted]  # left: the server's own channel
-        assert watch.counts["workers_seen"] == watch.counts["contexts"] == watch.counts["closed"] == 1
-    finally:
-        qemu.close()
+def test_a_worker_whose_guest_closed_its_context_is_not_a_death(qemu):
+    watch, worker = _watched_worker(qemu)
+    qemu.say("close")  # the guest program ended: the worker exits (255) or the server kills it
+    _until(lambda: worker not in qemu.workers())
+    now = time.monotonic()
+    for later in (now, now + 1.5, now + 60.0, now + 3600.0):  # silent far past any grace
+        assert watch.poll(later) is None
+    assert not [c for c in watch.contexts.values() if c.counted]  # left: the server's own channel
+    assert watch.counts["workers_seen"] == watch.counts["contexts"] == watch.counts["closed"] == 1
 
 
 @pytest.mark.root
-def test_a_worker_ends_with_status_255_when_its_context_closes_so_status_cannot_tell(render_server):
+def test_a_worker_ends_with_status_255_when_its_context_closes_so_status_cannot_tell(qemu):
     # The fact the watch is built on, read off the real binary: with the server stopped (it can
     # neither reap nor kill), a worker whose context QEMU closed stays a zombie with its status.
-    qemu = Qemu(render_server)
+    qemu.say("open")
+    worker = next(iter(_until(qemu.workers)))
+    server = watchdog.tree(qemu.proc.pid)[worker][0]
+    os.kill(server, signal.SIGSTOP)
     try:
-        qemu.say("open")
-        worker = next(iter(_until(qemu.workers)))
-        server = watchdog.tree(qemu.proc.pid)[worker][0]
-        os.kill(server, signal.SIGSTOP)
-        try:
-            qemu.proc.stdin.write("close\n")  # type: ignore[union-attr]
-            qemu.proc.stdin.flush()  # type: ignore[union-attr]
-            assert _until(lambda: watchdog.zombie_status(worker)) == "exit status 255"
-        finally:
-            os.kill(server, signal.SIGCONT)
+        qemu.proc.stdin.write("close\n")  # type: ignore[union-attr]
+        qemu.proc.stdin.flush()  # type: ignore[union-attr]
+        assert _until(lambda: watchdog.zombie_status(worker)) == "exit status 255"
     finally:
-        qemu.close()
+        os.kill(server, signal.SIGCONT)
 
 
 @pytest.mark.root
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSEGV, signal.SIGABRT])
-def test_a_worker_killed_with_its_context_open_is_a_death(render_server, sig):
-    qemu = Qemu(render_server)
-    try:
-        watch, worker = _watched_worker(qemu)
-        os.kill(worker, sig)
-        _until(lambda: worker not in qemu.workers())
-        now = time.monotonic()
-        assert watch.poll(now) is None  # seen ended; confirmed once QEMU still holds it a moment later
-        context = _context_of(watch, worker)
-        assert context is not None and context.gone_since == now
-        death = watch.poll(now + 1.0)
-        assert death is not None and death.kind == "render-worker-exit"
-        assert f"render worker {worker}" in death.evidence and "context" in death.evidence
-        assert death.error().code == "E023"
-    finally:
-        qemu.close()
+def test_a_worker_killed_with_its_context_open_is_a_death(qemu, sig):
+    watch, worker = _watched_worker(qemu)
+    os.kill(worker, sig)
+    _until(lambda: worker not in qemu.workers())
+    now = time.monotonic()
+    assert watch.poll(now) is None  # seen ended; confirmed once QEMU still holds it a moment later
+    context = _context_of(watch, worker)
+    assert context is not None and context.gone_since == now
+    death = watch.poll(now + 1.0)
+    assert death is not None and death.kind == "render-worker-exit"
+    assert f"render worker {worker}" in death.evidence and "context" in death.evidence
+    assert death.error().code == "E023"
 
 
 @pytest.mark.root
-def test_a_guest_that_moves_on_to_its_next_program_is_not_a_death(render_server):
+def test_a_guest_that_moves_on_to_its_next_program_is_not_a_death(qemu):
     # Several ggml programs one after another: each closes its context, the next opens one.
-    qemu = Qemu(render_server)
-    try:
-        watch, first = _watched_worker(qemu)
-        qemu.say("close")
-        _until(lambda: first not in qemu.workers())
-        qemu.say("open")
-        second = next(iter(_until(qemu.workers)))
-        _until(lambda: _paired(watch, second))
-        assert watch.poll(time.monotonic() + 3600.0) is None
-        assert _context_of(watch, first) is None and watch.counts["closed"] == 1
-    finally:
-        qemu.close()
+    watch, first = _watched_worker(qemu)
+    qemu.say("close")
+    _until(lambda: first not in qemu.workers())
+    qemu.say("open")
+    second = next(iter(_until(qemu.workers)))
+    _until(lambda: _paired(watch, second))
+    assert watch.poll(time.monotonic() + 3600.0) is None
+    assert _context_of(watch, first) is None and watch.counts["closed"] == 1
 
 
 @pytest.mark.root
-def test_a_worker_that_died_before_the_watch_ever_saw_it_is_still_a_death(render_server):
+def test_a_worker_that_died_before_the_watch_ever_saw_it_is_still_a_death(qemu):
     # A program whose worker starts and dies between two polls: the kernel still says that the
     # context QEMU holds lost its other end, so the death is caught without the worker seen.
-    qemu = Qemu(render_server)
-    try:
-        qemu.say("open")
-        worker = next(iter(_until(qemu.workers)))
-        os.kill(worker, signal.SIGKILL)
-        _until(lambda: worker not in qemu.workers())
-        watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
-        now = time.monotonic()
-        assert watch.poll(now) is None and worker not in watch.workers
-        death = watch.poll(now + 1.0)
-        assert death is not None and death.kind == "render-worker-exit" and death.error().code == "E023"
-        assert "ended before the watch saw it" in death.evidence
-    finally:
-        qemu.close()
+    qemu.say("open")
+    worker = next(iter(_until(qemu.workers)))
+    os.kill(worker, signal.SIGKILL)
+    _until(lambda: worker not in qemu.workers())
+    watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
+    now = time.monotonic()
+    assert watch.poll(now) is None and worker not in watch.workers
+    death = watch.poll(now + 1.0)
+    assert death is not None and death.kind == "render-worker-exit" and death.error().code == "E023"
+    assert "ended before the watch saw it" in death.evidence
 
 
 @pytest.mark.root
-def test_a_context_opened_and_closed_between_two_polls_is_no_death(render_server):
-    qemu = Qemu(render_server)
-    try:
-        watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=0.0)
-        assert watch.poll(time.monotonic()) is None
-        qemu.say("open")
-        qemu.say("close")
-        now = time.monotonic()
-        for later in (now, now + 5.0, now + 3600.0):
-            assert watch.poll(later) is None
-    finally:
-        qemu.close()
+def test_a_context_opened_and_closed_between_two_polls_is_no_death(qemu):
+    watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=0.0)
+    assert watch.poll(time.monotonic()) is None
+    qemu.say("open")
+    qemu.say("close")
+    now = time.monotonic()
+    for later in (now, now + 5.0, now + 3600.0):
+        assert watch.poll(later) is None
 
 
 def test_a_watch_that_cannot_pair_sockets_reports_no_death():

@@ -255,11 +255,17 @@ def _mini_tree(root: Path) -> Path:
     return tree
 
 
-def test_a_patched_tree_is_a_cached_copy_keyed_by_the_patches_bytes(tmp_path, monkeypatch):
+@pytest.fixture
+def patches(tmp_path, monkeypatch) -> Path:
+    """An empty patches/llama.cpp of the test's own, and a fresh cache."""
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
-    patches = tmp_path / "patches" / "llama.cpp"
-    patches.mkdir(parents=True)
-    monkeypatch.setattr(builds, "llama_patches", lambda: patches)
+    where = tmp_path / "patches" / "llama.cpp"
+    where.mkdir(parents=True)
+    monkeypatch.setattr(builds, "llama_patches", lambda: where)
+    return where
+
+
+def test_a_patched_tree_is_a_cached_copy_keyed_by_the_patches_bytes(tmp_path, patches):
     (patches / "x.patch").write_text("--- a/ggml/a.c\n+++ b/ggml/a.c\n@@ -1 +1 @@\n-int a = 1;\n+int a = 2;\n")
     tree = _mini_tree(tmp_path)
     got = builds.patched_tree(tree, ("x.patch",), "src-1")
@@ -273,11 +279,7 @@ def test_a_patched_tree_is_a_cached_copy_keyed_by_the_patches_bytes(tmp_path, mo
     assert builds.patched_tree(tree, (), "src-1") == tree
 
 
-def test_a_patch_that_no_longer_applies_is_e_coded_and_leaves_no_copy(tmp_path, monkeypatch):
-    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
-    patches = tmp_path / "patches" / "llama.cpp"
-    patches.mkdir(parents=True)
-    monkeypatch.setattr(builds, "llama_patches", lambda: patches)
+def test_a_patch_that_no_longer_applies_is_e_coded_and_leaves_no_copy(tmp_path, patches):
     (patches / "stale.patch").write_text("--- a/ggml/a.c\n+++ b/ggml/a.c\n@@ -1 +1 @@\n-int b = 9;\n+int b = 2;\n")
     with pytest.raises(SourceUnavailable) as info:
         builds.patched_tree(_mini_tree(tmp_path), ("stale.patch",), "src-1")
