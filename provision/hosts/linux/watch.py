@@ -5,8 +5,8 @@ file): the guest's stdout and stderr are copied to the caller's streams, the con
 searched for ``KRUN-EXIT=<n>``, and, where the route is watched (APIR), each new line of
 QEMU's log and of the guest's stderr is classified on its own (a host GGML abort reaches
 QEMU's log, a guest-side one its stderr) and the render workers are polled
-(watchdog.WorkerWatch). The run also ends at once when a companion (Xvfb, the render
-server) exits, when another thread cancels it, at the deadline, or when the guest's init has
+(watchdog.WorkerWatch). The run also ends at once when a companion (the render server,
+companions.py) exits, when another thread cancels it, at the deadline, or when the guest's init has
 not said ``KRUN-INIT`` within BOOT_S (a guest that never booted is an error, not a long silence).
 """
 
