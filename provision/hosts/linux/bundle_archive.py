@@ -130,7 +130,9 @@ def install(archive: Path, dest: Path | None = None) -> Path:
     dest = dest or default_install_dir()
     if not archive.is_file():
         raise HostToolsMissing(
-            f"{archive} is not a file", fix="pass the OUT.tar.zst made by `provision host-tools --bundle`"
+            f"{archive} is not a file",
+            fix="pass the archive `provision host-tools --bundle OUT.tar.zst` (or .tar.xz, .tar.gz) made, by a path "
+            "that exists from this directory",
         )
     kind = sniff(archive)
     if kind == "zst" and shutil.which("zstd") is None:

@@ -243,6 +243,7 @@ def test_install_names_a_file_that_is_not_a_bundle(tmp_path: Path) -> None:
     with pytest.raises(HostToolsMissing) as err:
         bundle_archive.install(tmp_path / "absent.tar.zst", tmp_path / "tools")
     assert "is not a file" in err.value.message
+    assert ".tar.xz" in (err.value.fix or "")  # the formats Python unpacks alone are named too
 
 
 def test_locate_takes_an_installed_bundle_from_the_env_and_runs_its_programs_in_place(
