@@ -53,7 +53,7 @@ def test_the_guest_job_gives_each_named_op_its_own_limit() -> None:
     assert timeouts == {op.name: str(limits.get(op.name, 20)) for op in apir_ops.LLAMA_OPS}
 
 
-@pytest.mark.parametrize("bad", ["FOO=3", "GET_ROWS=", "GET_ROWS=-1", "CONT"])
+@pytest.mark.parametrize("bad", ["FOO=3", "GET_ROWS=", "GET_ROWS=-1", "GET_ROWS=0", "CONT"])
 def test_a_bad_op_limit_is_refused_before_any_machine_time(bad: str) -> None:
     with pytest.raises(SystemExit, match="OP=SECONDS"):
         load("run").op_seconds(bad)

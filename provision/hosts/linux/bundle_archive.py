@@ -131,8 +131,7 @@ def install(archive: Path, dest: Path | None = None) -> Path:
     if not archive.is_file():
         raise HostToolsMissing(
             f"{archive} is not a file",
-            fix="pass the archive `provision host-tools --bundle OUT.tar.zst` (or .tar.xz, .tar.gz) made, by a path "
-            "that exists from this directory",
+            fix="pass the file that `provision host-tools --bundle OUT.tar.zst` (or OUT.tar.xz, OUT.tar.gz) wrote",
         )
     kind = sniff(archive)
     if kind == "zst" and shutil.which("zstd") is None:
