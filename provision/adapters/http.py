@@ -1,18 +1,19 @@
 """The one HTTP client of provision (`requests`): GET with headers, checked redirects, timeouts.
 
-The model store needs short reads (``read1``: whatever arrived is written at once, so a killed
-pull keeps it), separate connect and read timeouts, and the status of every response (206 vs
-200 decides resume vs restart) without an exception for 4xx/5xx. Redirects are followed here,
-one hop at a time, so that every target passes the caller's URL policy and credentials never
-travel to another origin. Retries and resume are the caller's business: this adapter makes one
-request (plus redirects) and hands back the response. Errors come out as the standard library's
-kinds (TimeoutError, ConnectionError/OSError, http.client.HTTPException) so callers need not
-know which client library is underneath.
+The model store needs short reads (``read1``, or ``readinto1`` into its own buffers: whatever
+arrived is written at once, so a killed pull keeps it), separate connect and read timeouts, and
+the status of every response (206 vs 200 decides resume vs restart) without an exception for
+4xx/5xx. Redirects are followed here, one hop at a time, so that every target passes the
+caller's URL policy and credentials never travel to another origin. Retries and resume are the
+caller's business: this adapter makes one request (plus redirects) and hands back the response.
+Errors come out as the standard library's kinds (TimeoutError, ConnectionError/OSError,
+http.client.HTTPException) so callers need not know which client library is underneath.
 """
 
 from __future__ import annotations
 
 import http.client
+import select
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -74,6 +75,47 @@ class Response:
                 return b""  # closed before Content-Length: the caller counts the bytes and says so
             raise ConnectionError(str(exc) or type(exc).__name__) from None
         return data
+
+    def _plain_body(self) -> http.client.HTTPResponse | None:
+        """The standard library's response underneath, where its body is plain bytes of a known length.
+
+        requests reads undecoded here (``decode_content`` is off), so a body that is neither chunked
+        nor of unknown length is the bytes on the socket: ``readinto1`` reads them straight into the
+        caller's buffer instead of into a new bytes object per read.
+        """
+        inner = getattr(self.raw, "_fp", None)  # urllib3 keeps http.client's response here
+        if isinstance(inner, http.client.HTTPResponse) and not inner.chunked and inner.length is not None:
+            return inner if inner.fp is not None else None
+        return None
+
+    def readinto1(self, view: memoryview) -> int:
+        """Like ``read1`` into ``view``: what is already buffered, else at most one socket read; 0 at the end."""
+        body = self._plain_body()
+        if body is None or body.fp is None:
+            data = self.read1(len(view))
+            view[: len(data)] = data
+            return len(data)
+        want = min(len(view), body.length or 0)
+        if not want:
+            return 0
+        try:
+            n = body.fp.readinto1(view[:want])
+        except TimeoutError as exc:
+            raise TimeoutError(str(exc) or "timed out") from None
+        body.length = (body.length or 0) - n  # kept as http.client would, so its own reads stay right
+        return n
+
+    def waiting(self) -> bool:
+        """True when more body bytes sit on the socket now (a read would not block); False if unsure."""
+        body = self._plain_body()
+        if body is None or body.fp is None or not body.length:
+            return False
+        try:
+            poller = select.poll()
+            poller.register(body.fp.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError, AttributeError):  # closed, or no poll on this platform's socket
+            return False
 
     def read_all(self, limit: int = SMALL_LIMIT) -> bytes:
         """The whole body (a small one: more than ``limit`` bytes is an HttpError)."""

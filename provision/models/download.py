@@ -207,7 +207,7 @@ class Downloader:
                 with open(partial, "r+b" if start else "wb", buffering=0) as f:
                     f.truncate(start)
                     f.seek(start)
-                    done = stream_body(resp, f, hasher, start, progress, check_magic=start == 0)
+                    done = stream_body(resp, f, partial, hasher, start, progress, check_magic=start == 0)
                     if total is not None and done < total:
                         raise _Retry(f"connection closed after byte {done} of {total}")
                     try:

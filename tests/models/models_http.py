@@ -3,7 +3,8 @@
 Each request takes the next plan from ``server.plans`` (then "normal"): normal (Range and
 If-Range honoured, strong ETag), status:N, ignore_range, reset_at:K (RST after absolute byte K),
 truncate_at:K (clean close after byte K despite Content-Length), pause_at:K (stall after byte K
-until ``server.release`` is set), huge_length (claims 2**60 bytes). Every request is recorded
+until ``server.release`` is set), huge_length (claims 2**60 bytes), chunked (the whole file in
+Transfer-Encoding: chunked, no Content-Length, odd piece sizes). Every request is recorded
 with its Range/If-Range headers, status and the body bytes actually sent.
 
 Fault modes for the bad-input suite (a server that would keep a careless client busy forever):
@@ -143,6 +144,21 @@ def _handler(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(2**60))
                 self.end_headers()
                 self.close_connection = True
+                return None
+            if kind == "chunked":  # no length up front: the client cannot read straight into its buffers
+                rec.status = 200
+                self.send_response(200)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                pos, piece = 0, 1
+                while pos < len(body):
+                    n = min(piece, len(body) - pos)
+                    self.wfile.write(b"%x\r\n" % n + body[pos : pos + n] + b"\r\n")
+                    rec.sent += n
+                    pos, piece = pos + n, piece * 3 + 7  # 1, 10, 37, ... up to CHUNK-sized pieces
+                    piece = min(piece, CHUNK + 13)
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
                 return None
             start = 0
             rng = self.headers.get("Range")

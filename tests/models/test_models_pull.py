@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import resource
@@ -15,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from provision import cli
+from provision.adapters import http as web
 from provision.core import errors
 from provision.core.pins import default as default_pins
-from provision.models import download
+from provision.core.progress import Progress
+from provision.models import download, pipeline
 from provision.models import store as models
 from provision.models.refs import check_name, resolve
 from tests.models import models_http
@@ -356,6 +359,35 @@ def test_sha256_that_contradicts_the_catalog_is_refused(cache, capsys):
 def test_unknown_catalog_name_is_e010(cache, capsys):
     assert pull("no-such-model") == errors.UnknownModel.exit_status
     assert "E010" in capsys.readouterr().err
+
+
+# --- the body pipeline: straight into its buffers, O_DIRECT, chunked bodies ------------------------
+
+
+def test_a_streamed_body_is_hashed_and_written_whole_mostly_with_direct_io(server, tmp_path: Path, monkeypatch):
+    writers: list[pipeline.FileWriter] = []
+    opened = pipeline.FileWriter.open
+
+    def record(fd: int, path: Path) -> pipeline.FileWriter:
+        writers.append(opened(fd, path))
+        return writers[-1]
+
+    monkeypatch.setattr(pipeline.FileWriter, "open", record)
+    path = tmp_path / "tiny.partial"
+    hasher = hashlib.sha256()
+    with web.get(server.url(PATH)) as resp, open(path, "wb", buffering=0) as f:
+        progress = Progress("tiny", SIZE, stream=io.StringIO())
+        done = pipeline.stream_body(resp, f, path, hasher, 0, progress, check_magic=True)
+    assert done == SIZE and hasher.hexdigest() == SHA and path.read_bytes() == BODY
+    [writer] = writers
+    assert writer.direct_bytes > SIZE // 2, (writer.direct_bytes, writer.cached_bytes)
+
+
+def test_a_chunked_body_without_a_length_is_pulled_whole(cache, server):
+    server.plans = ["chunked"]
+    assert pull(server.url(PATH), "--sha256", SHA, "--name", "tiny") == 0
+    assert (cache / "blobs" / f"sha256-{SHA}").read_bytes() == BODY
+    assert server.requests[0].status == 200 and server.requests[0].range is None
 
 
 # --- processes: locks, SIGKILL and resume, file size limit ---------------------------------------
