@@ -3,6 +3,7 @@ supervisor started detached, and the darwin guest (one host process) stopped and
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -24,14 +25,27 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> bool:
     return False
 
 
+def _sleeping(pids: list[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep"):
+                found.append(pid)
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
 def test_descendants_finds_a_grandchild_in_another_process_group(tmp_path: Path) -> None:
     # sh -> setsid sleep: the grandchild leaves sh's group, as QEMU's helpers leave provision's.
     proc = procs.spawn(["sh", "-c", "setsid sleep 30 & wait"], tmp_path, "sh", stdout=procs.DEVNULL)
     try:
-        assert _wait_for(lambda: len(serve_state.descendants(proc.pid)) >= 1)
+        # Wait for sleep itself: the first descendant seen may still be sh's fork, before setsid execs sleep.
+        assert _wait_for(lambda: bool(_sleeping(serve_state.descendants(proc.pid)))), serve_state.descendants(proc.pid)
         below = serve_state.descendants(proc.pid)
         assert all(procs.start_time(p) is not None for p in below)
-        assert any(Path(f"/proc/{p}/cmdline").read_bytes().startswith(b"sleep") for p in below)
+        [sleeper] = _sleeping(below)
+        assert os.getpgid(sleeper) != os.getpgid(proc.pid)  # found by parentage, not by group
         assert serve_state.process_start(proc.pid) == str(procs.start_time(proc.pid))
     finally:
         procs.stop(tmp_path)
