@@ -20,7 +20,11 @@ from provision.core.progress import Progress
 from provision.models.files import GGUF_MAGIC
 
 BUFFER_SIZE = 4 << 20  # one buffer: filled from the socket, hashed, written, reused
-BUFFERS = 16  # at most this many in flight (64 MiB), made as the stream needs them
+# At most this many in flight (16 MiB), made as the stream needs them. Few on purpose: the reader
+# runs ahead of hashing, and bytes that wait behind 64 MiB of others have left the caches by the time
+# sha256 reads them. Measured here, alternating in one process, median stream of a GiB: 16 buffers
+# 0.96 s, 8 0.93 s, 4 0.67 s (hashing hot data alone: 0.55 s); 2 MiB x 8 0.75 s, 8 MiB x 2 0.85 s.
+BUFFERS = 4
 ALIGN = 4096  # O_DIRECT wants file offsets, lengths and memory on the device's block size; 4 KiB covers 512 too
 FLUSH_EVERY = 64 << 20  # page-cache bytes between fdatasyncs, so writeback overlaps the network and hashing
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux only; elsewhere every write goes through the page cache
