@@ -18,11 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from filelock import FileLock
-
 from provision.adapters import apt, cmake, runner
 from provision.apir import ggml as ggml_build
-from provision.core import layout, paths, pins
+from provision.core import layout, locks, paths, pins
 from provision.core.errors import SourceUnavailable, ToolMissing
 from provision.images import sources
 
@@ -69,7 +67,7 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     include = drm_headers_dir(pin_set)
     if (include / "drm" / "virtgpu_drm.h").exists():
         return include
-    with FileLock(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache,
+    with locks.held(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache,
                                                                                       prefix=".kdrm-") as tmp:
         if (include / "drm" / "virtgpu_drm.h").exists():
             return include
@@ -115,7 +113,7 @@ def patched_tree(tree: Path, names: tuple[str, ...], source_id: str, *, fetch: b
     dest = cache / f"{tree.name}-patched-{patch_digest(names, source_id)}"
     if not fetch or dest.is_dir():
         return dest
-    with FileLock(str(dest) + ".lock"):
+    with locks.held(str(dest) + ".lock"):
         if dest.is_dir():
             return dest
         with tempfile.TemporaryDirectory(dir=cache, prefix=f".{dest.name}-") as tmp:
@@ -191,7 +189,7 @@ def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None =
     key = plan.key
     root = paths.cache_dir("ggml")
     promoted = root / key
-    with FileLock(str(root / f"{key}.lock")):
+    with locks.held(str(root / f"{key}.lock")):
         if force and promoted.exists():
             shutil.rmtree(promoted)
         if (promoted / "build.json").exists():

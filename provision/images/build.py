@@ -15,11 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import filelock
-
 from provision.adapters import debootstrap, partials, podman
 from provision.core import catalog as catalog_mod
-from provision.core import layout, paths, settings
+from provision.core import layout, locks, paths, settings
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue
 from provision.core.log import say
@@ -92,7 +90,7 @@ def ensure_base(base: str, pins: pins_mod.Pins | None = None) -> str:
         return ref
     name = ref.rsplit("/", 1)[1].replace(":", "-")
     # One maker per base: a second caller waits, then finds the image.
-    with filelock.FileLock(str(paths.cache_dir("rootfs") / f"{name}.lock")):
+    with locks.held(str(paths.cache_dir("rootfs") / f"{name}.lock")):
         if podman.exists(ref):
             return ref
         rootfs = paths.cache_dir("rootfs") / name

@@ -6,7 +6,7 @@ Layout under ``paths.cache_root()/models`` (PROVISION_CACHE moves the root)::
     refs/<name>.json        name -> sha256, size, source, pin status
     partial/<key>.partial   a download in progress (key: expected sha256, or sha256 of the URL)
     partial/<key>.json      what the partial belongs to: URL, expected sha256, ETag/Last-Modified
-    locks/<key>.lock        filelock: one download per blob, however many pulls ask for it
+    locks/<key>.lock        flock: one download per blob, however many pulls ask for it
 
 A pull hashes bytes as they arrive (one pass, no re-read), keeps the partial file between
 attempts and runs, resumes with ``Range`` + ``If-Range`` and promotes the file with fsync and
@@ -25,9 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-import filelock
-
-from provision.core import outputs, paths
+from provision.core import locks, outputs, paths
 from provision.core import pins as pins_mod
 from provision.core.errors import (
     BadModelName,
@@ -104,16 +102,11 @@ class Store:
 
     @contextlib.contextmanager
     def _locked(self, key: str, what: str) -> Iterator[None]:
-        lock = filelock.FileLock(str(self.root / "locks" / f"{key}.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except filelock.Timeout:
+        def waiting() -> None:
             self._say(f"{what}: waiting for another pull of the same model to finish")
-            lock.acquire()
-        try:
+
+        with locks.held(self.root / "locks" / f"{key}.lock", waiting=waiting):
             yield
-        finally:
-            lock.release()
 
     def _say(self, text: str) -> None:
         self.out.write(text + "\n")

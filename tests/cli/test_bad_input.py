@@ -44,7 +44,7 @@ SHA = hashlib.sha256(BODY).hexdigest()
 PATH = "/files/tiny.gguf"
 EXIT = {cls.code: cls.exit_status for cls in errors.all_errors()}
 FSIZE_LIMIT = 512 * 1024  # below tiny-llama's size: the synth write must fail half-way
-ALWAYS_ALLOWED = ("cache/models/locks/*", "state/logs/*.log")  # lock files stay (filelock); one log per command
+ALWAYS_ALLOWED = ("cache/models/locks/*", "state/logs/*.log")  # lock files stay (core/locks.py); one log per command
 VERDICTS = ("clear error", "safe success", "traceback", "wrong success", "data lost", "wrong answer")
 
 

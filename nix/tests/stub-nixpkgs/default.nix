@@ -231,7 +231,6 @@ let
         "jinja2"
         "pyyaml"
         "platformdirs"
-        "filelock"
         "huggingface-hub" # provision.model_refs builds hf:// URLs with it
         "requests" # the HTTP adapter
         "argcomplete" # provision completion

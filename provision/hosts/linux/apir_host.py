@@ -18,14 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from filelock import FileLock
-
 from provision.adapters.chroot import Chroot
 from provision.apir import builds as ggml_builds
 from provision.apir import ggml as ggml_build
 from provision.apir import route as apir_route
 from provision.apir import virglrenderer as virgl_apir
-from provision.core import layout, paths, settings
+from provision.core import layout, locks, paths, settings
 from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import ApirBackendRefused, HostToolsMissing
@@ -188,7 +186,7 @@ def make(
     source_id = str(pins.source(sources.SDIST_PIN)["sha256"])
     llama = ggml_builds.patched_tree(sources.llama_cpp_tree(pins), host_patches, source_id)  # ggml.HOST_PATCHES
     build_dir = paths.cache_dir("virgl-apir", "build")
-    with FileLock(str(tools.root) + ".apir.lock"):
+    with locks.held(str(tools.root) + ".apir.lock"):
         stamp = tools.root / STAMP
         wanted = {
             "virgl": pin["rev"],

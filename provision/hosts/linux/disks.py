@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from filelock import FileLock
-
 from provision.adapters import partials, procs
+from provision.core import locks
 from provision.core.errors import ImageBuildFailed, ToolMissing
 from provision.core.paths import cache_dir
 from provision.images import build as images
@@ -100,7 +99,7 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
     if done.is_file():
         meta = json.loads(done.read_text())
         return RootDisk(final / "root.img", final / meta["kernel"], final / meta["initrd"], image_id)
-    with FileLock(str(final) + ".lock"):
+    with locks.held(str(final) + ".lock"):
         if done.is_file():
             return root_disk(image_ref, image_id)
         # Left by a killed export: never used (no disk.json), removed and made again.
@@ -141,7 +140,7 @@ def _prune_disks(keep: Path) -> None:
             continue
     disks = [d for _, d in sorted(dated, reverse=True)]
     for old in disks[KEEP_DISKS - 1 :]:
-        with FileLock(str(old) + ".lock"):
+        with locks.held(str(old) + ".lock"):
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -161,7 +160,7 @@ def model_disk(model: Path, guest_name: str, extra: Mapping[str, Path] | None = 
     final = cache_dir("model-disks") / f"{key}.img"
     if final.is_file():
         return final
-    with FileLock(str(final) + ".lock"):
+    with locks.held(str(final) + ".lock"):
         if final.is_file():
             return final
         staging = final.with_suffix(".staging")

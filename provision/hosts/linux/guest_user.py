@@ -129,8 +129,8 @@ def run_user(tools_root: Path, *, is_chroot: bool, devices: Iterable[Path] = ())
     (they then run as the invoking user) or the tools are the host's own (no tree to enter)."""
     if os.geteuid() != 0 or not is_chroot:
         return None
-    from filelock import FileLock
+    from provision.core import locks
 
-    with FileLock(str(tools_root) + ".user.lock"):
+    with locks.held(str(tools_root) + ".user.lock"):
         user = ensure_user(tools_root)
     return user.with_device_groups(devices)

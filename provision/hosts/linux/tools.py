@@ -262,9 +262,9 @@ def make(
     if (final / READY_STAMP).is_file() and not force and not _leftovers(final):
         log(f"host tools: cached at {final}")
         return HostTools(final, "cache")
-    from filelock import FileLock
+    from provision.core import locks
 
-    with FileLock(str(final) + ".lock"):
+    with locks.held(str(final) + ".lock"):
         for leftover in _leftovers(final):
             log(f"host tools: removing {leftover}, left by a host-tools that did not finish")
             partials.remove(leftover)
