@@ -31,10 +31,14 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 
 # Order is the order shown in --help. Command modules import nothing heavy at the top:
 # their handlers import the domain they call, so `provision --help` starts fast.
-COMMAND_MODULES = [
-    "stacks", "image", "model", "host_tools", "launch", "run", "serve", "chat", "bench", "perplexity", "doctor",
-    "ggml", "apir", "api", "config", "completion",
-]  # fmt: skip
+# Each module's words are its COMMANDS' keys (tests/cli/test_command_face.py holds them equal):
+# they let a named command import its own module and no other.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "stacks": ("stacks",), "image": ("image",), "model": ("model",), "host_tools": ("host-tools",),
+    "launch": ("launch",), "run": ("run",), "serve": ("serve", "ps", "stop", "shell"), "chat": ("chat",),
+    "bench": ("bench",), "perplexity": ("perplexity",), "doctor": ("doctor",), "ggml": ("ggml",),
+    "apir": ("apir",), "api": ("api",), "config": ("config",), "completion": ("completion",),
+}  # fmt: skip
 
 DESCRIPTION = """\
 GPU llama.cpp in Linux guests, from the host's GPU.
@@ -86,8 +90,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None, *, full: bool = True) -> argparse.ArgumentParser:
-    """The parser; with ``full=False`` only ``command`` (if any) gets its options, the others a
-    one-line entry, so a command's start-up imports only what that command's parser needs."""
+    """The parser; with ``full=False`` only ``command`` is built and only its module imported, so a
+    command's start-up imports only what its parser needs. With no command, or one that is not a
+    command, every command gets a one-line entry (for --help, and for argparse to name the choices)."""
     parser = Parser(
         prog="provision",
         description=DESCRIPTION,
@@ -102,7 +107,8 @@ def build_parser(command: str | None = None, *, full: bool = True) -> argparse.A
                         help="a setting for this command, over the config files and PROVISION_* "
                         "(`provision config show` lists the keys)")  # fmt: skip
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
+    named = [name for name, words in COMMAND_MODULES.items() if command in words]
+    for name in COMMAND_MODULES if full or not named else named:
         module = importlib.import_module(f"{__name__}.{name}")
         if full or command in module.COMMANDS:
             module.register(sub)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import subprocess
 import sys
 
 import pytest
 
 from provision import cli
+from provision.core import errors
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -90,3 +92,15 @@ def test_the_light_parser_lists_the_same_commands_and_fully_builds_the_one_asked
         one = _subparsers(cli.build_parser(name, full=False))[name]
         assert one.format_help() == _subparsers(full)[name].format_help(), name
     assert cli._command_of(["--json", "stacks"]) == "stacks" and cli._command_of(["--version"]) is None
+
+
+def test_each_command_module_is_listed_with_exactly_its_commands() -> None:
+    for name, words in cli.COMMAND_MODULES.items():
+        assert tuple(importlib.import_module(f"provision.cli.{name}").COMMANDS) == words, name
+
+
+def test_a_named_command_builds_its_own_parser_alone() -> None:
+    assert list(_subparsers(cli.build_parser("ps", full=False))) == ["serve", "ps", "stop", "shell"]  # its module's
+    assert len(_subparsers(cli.build_parser("no-such-command", full=False))) == len(_subparsers(cli.build_parser()))
+    with pytest.raises(errors.InvalidValue, match="invalid choice"):
+        cli.build_parser("no-such-command", full=False).parse_args(["no-such-command"])
