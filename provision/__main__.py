@@ -1,3 +1,3 @@
-from provision.cli import main
+from provision.cli import entry
 
-raise SystemExit(main())
+entry()

@@ -179,6 +179,41 @@ def _command_path(argv: Sequence[str]) -> str:
     return " ".join(words[:2] if words[:1] and words[0] in GROUPS else words[:1]) or "provision"
 
 
+def entry() -> NoReturn:
+    """The ``provision`` program (console script and ``python -m provision``): main(), then leave.
+
+    It leaves without the interpreter's teardown of every module, which took 15-20 ms of a
+    130 ms ``model pull`` here (a fifth of its start-up; measured against ``sys.exit`` in the
+    same minutes). Nothing of ours waits for that teardown: every file a command writes is
+    closed, synced and renamed before main() returns. What the interpreter would still do at
+    exit is done here, in its order: wait for threads that are not daemons, run the atexit
+    callbacks (logging's shutdown, weakref finalizers such as temporary directories), flush
+    stdout and stderr.
+    """
+    try:
+        status = main()
+    except SystemExit as exc:  # --help, --version
+        code = exc.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+    import atexit
+    import threading
+
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:  # the reader went away: 141, as main() says it
+            status = 141 if stream is sys.stdout else status
+        except (OSError, ValueError):  # as the interpreter does when stdout cannot be flushed
+            status = 120 if stream is sys.stdout else status
+    os._exit(status)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (provision completion SHELL)
         from provision.cli import completion
