@@ -216,10 +216,33 @@ def carry_out(
     slot = slots.acquire(slot_deadline, cancel=cancel) if plan.gpu else None
     try:
         fds = (slot.fd,) if slot else ()  # QEMU holds the slot's lock too: it drops when the guest is gone
-        return _boot(plan, deadline, out, err, keep_fds=fds, log=log, on_start=on_start, cancel=cancel)
+        try:
+            return _boot(plan, deadline, out, err, keep_fds=fds, log=log, on_start=on_start, cancel=cancel)
+        except watch.InitNeverStarted as hang:
+            # A rare TCG hang before the kernel printed a line (seen about once in twenty CI runs).
+            # Nothing of the job ran and every disk is read-only, so booting again is safe.
+            kept = _set_aside(run_dir, "boot-1")
+            log(f"{hang}; booting it once more (the first boot's logs: {kept})")
+        try:
+            return _boot(plan, deadline, out, err, keep_fds=fds, log=log, on_start=on_start, cancel=cancel)
+        except watch.InitNeverStarted as again:
+            raise VmFailed(f"{again}, and the same on the boot before (logs: {kept})",
+                           fix=f"see {run_dir}/qemu.log and `provision doctor`; a host that hangs every "
+                           "boot may lack what the accelerator needs") from None
     finally:
         if slot is not None:
             slot.release()
+
+
+def _set_aside(run_dir: Path, name: str) -> Path:
+    """Move a boot's logs into ``run_dir/name``, so the next boot's do not overwrite them."""
+    kept = run_dir / name
+    kept.mkdir()
+    for log_name in ("console.log", "stdout.log", "stderr.log", "qemu.log", "qemu.argv"):
+        if (run_dir / log_name).exists():
+            (run_dir / log_name).rename(kept / log_name)
+    (run_dir / run_dirs.FINISHED).unlink(missing_ok=True)  # the first boot's end marked the run finished
+    return kept
 
 
 def _boot(

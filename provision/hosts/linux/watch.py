@@ -7,7 +7,7 @@ QEMU's log and of the guest's stderr is classified on its own (a host GGML abort
 QEMU's log, a guest-side one its stderr) and the render workers are polled
 (watchdog.WorkerWatch). The run also ends at once when a companion (the render server,
 companions.py) exits, when another thread cancels it, at the deadline, or when the guest's init has
-not said ``KRUN-INIT`` within BOOT_S (a guest that never booted is an error, not a long silence).
+not said ``KRUN-INIT`` within BOOT_S (a guest that never booted is InitNeverStarted, not a long silence).
 """
 
 from __future__ import annotations
@@ -34,6 +34,20 @@ BOOT_S = 300.0
 POLL_S = 0.2
 
 
+class InitNeverStarted(Exception):
+    """The guest said nothing on its console within the boot limit; QEMU is stopped.
+
+    Not yet an error with a code: its init never ran, so nothing of the job happened and every
+    disk is read-only; the run may boot it once more (backend.carry_out does), and only a
+    second hang is E024.
+    """
+
+    def __init__(self, seconds: float, pid: int, run_dir: Path) -> None:
+        super().__init__(f"the guest's init never started: nothing on its console {seconds:.0f} s after QEMU "
+                         f"started; QEMU (pid {pid}) was stopped (logs: {run_dir})")
+        self.seconds = seconds
+
+
 def _fatal(lines: list[str]) -> watchdog.Death | None:
     for line in lines:
         death = watchdog.classify(line)
@@ -54,7 +68,8 @@ def watch(
     cancel: threading.Event | None = None,
     boot_s: float = BOOT_S,
 ) -> int:
-    """The guest's exit status; raises the run's error (E021, E023, E026, VmFailed) otherwise."""
+    """The guest's exit status; raises the run's error (E021, E023, E026, VmFailed) or
+    InitNeverStarted otherwise."""
     stdout, stderr = logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)
     console = logs.Marker(run_dir / "console.log")
     qemu_log = logs.Lines(run_dir / "qemu.log")
@@ -105,11 +120,7 @@ def _loop(
                 boot = None  # it booted: from here only the run's own deadline counts
             elif time.monotonic() >= boot[1]:
                 procs.stop_process(proc, grace_s=2.0)
-                raise VmFailed(
-                    f"the guest's init never started: nothing on its console {boot[2]:.0f} s "
-                    f"after QEMU started; QEMU (pid {proc.pid}) was stopped (logs: {run_dir})",
-                    fix=f"run it again; if it recurs, see {run_dir}/qemu.log and `provision doctor`",
-                )
+                raise InitNeverStarted(boot[2], proc.pid, run_dir)
         dead = beside.poll() if beside is not None else None
         if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
