@@ -219,7 +219,7 @@ def carry_out(
         try:
             return _boot(plan, deadline, out, err, keep_fds=fds, log=log, on_start=on_start, cancel=cancel)
         except watch.InitNeverStarted as hang:
-            # A rare TCG hang before the kernel printed a line (seen about once in twenty CI runs).
+            # A rare TCG hang before the kernel printed a line (seen twice in this project's CI runs).
             # Nothing of the job ran and every disk is read-only, so booting again is safe.
             kept = _set_aside(run_dir, "boot-1")
             log(f"{hang}; booting it once more (the first boot's logs: {kept})")
