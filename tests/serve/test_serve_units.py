@@ -330,3 +330,21 @@ def test_relay_copies_both_ways_and_ctrl_bracket_escapes() -> None:
         relay.stop()
         for fd in (master, slave, in_r, in_w, out_r, out_w):
             os.close(fd)
+
+
+def test_ctrl_bracket_stops_the_latest_qemu_not_an_earlier_boot_s_pid() -> None:
+    # A guest whose init never started is booted again: on_start then reports a second QEMU pid.
+    first = subprocess.Popen(["sleep", "60"])
+    latest = subprocess.Popen(["sleep", "60"])
+    relay = shell.Relay(-1, -1, -1)  # never started: only its events are used
+    watcher = threading.Thread(target=shell._stop_on_escape, args=(relay, [first.pid, latest.pid]))
+    watcher.start()
+    try:
+        relay.escaped.set()
+        watcher.join(10)
+        assert latest.wait(10) != 0
+        assert first.poll() is None
+    finally:
+        for p in (first, latest):
+            p.kill()
+            p.wait()

@@ -158,6 +158,6 @@ def _stop_on_escape(relay: Relay, qemu_pid: list[int]) -> None:
     """Ctrl-] stops QEMU; the run's own cleanup then ends as on Ctrl-C."""
     while not relay.done.is_set():
         if relay.escaped.wait(0.5):
-            if qemu_pid:
-                terminate(qemu_pid[0])
+            if qemu_pid:  # the latest: a guest whose init never started is booted again
+                terminate(qemu_pid[-1])
             return
