@@ -67,7 +67,7 @@ def drm_headers(pin_set: pins.Pins | None = None) -> Path:
     include = drm_headers_dir(pin_set)
     if (include / "drm" / "virtgpu_drm.h").exists():
         return include
-    with locks.held(str(cache / f"{include.name}.lock")), tempfile.TemporaryDirectory(dir=cache,
+    with locks.held(cache / f"{include.name}.lock"), tempfile.TemporaryDirectory(dir=cache,
                                                                                       prefix=".kdrm-") as tmp:
         if (include / "drm" / "virtgpu_drm.h").exists():
             return include
@@ -189,7 +189,7 @@ def ensure(variant_name: str, *, jobs: int = 2, cuda_architectures: str | None =
     key = plan.key
     root = paths.cache_dir("ggml")
     promoted = root / key
-    with locks.held(str(root / f"{key}.lock")):
+    with locks.held(root / f"{key}.lock"):
         if force and promoted.exists():
             shutil.rmtree(promoted)
         if (promoted / "build.json").exists():

@@ -90,7 +90,7 @@ def ensure_base(base: str, pins: pins_mod.Pins | None = None) -> str:
         return ref
     name = ref.rsplit("/", 1)[1].replace(":", "-")
     # One maker per base: a second caller waits, then finds the image.
-    with locks.held(str(paths.cache_dir("rootfs") / f"{name}.lock")):
+    with locks.held(paths.cache_dir("rootfs") / f"{name}.lock"):
         if podman.exists(ref):
             return ref
         rootfs = paths.cache_dir("rootfs") / name

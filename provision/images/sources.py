@@ -59,7 +59,7 @@ def sdist_path(pin_set: pins.Pins | None = None) -> Path:
     pin = (pin_set or pins.default()).require(SDIST_PIN, purpose="the llama.cpp source")
     cache = paths.cache_dir("sources")
     target = cache / str(pin["filename"])
-    with locks.held(str(cache / f"{pin['filename']}.lock")):
+    with locks.held(cache / f"{pin['filename']}.lock"):
         if target.exists():
             verify_file(target, size=int(pin["size"]), sha256=str(pin["sha256"]), what=f"sources.{SDIST_PIN}",
                         fix=f"the cached copy is damaged: delete {target} and run again")
@@ -95,7 +95,7 @@ def llama_cpp_tree(pin_set: pins.Pins | None = None) -> Path:
     if (tree / "CMakeLists.txt").exists():
         return tree
     archive = sdist_path(pin_set)
-    with locks.held(str(cache / f"{tree.name}.lock")):
+    with locks.held(cache / f"{tree.name}.lock"):
         if (tree / "CMakeLists.txt").exists():
             return tree
         prefix = f"{Path(str(pin['filename'])).name.removesuffix('.tar.gz')}/{pin['vendored_tree']}/"

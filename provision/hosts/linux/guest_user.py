@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.core import locks
 from provision.core.errors import InvalidValue
 from provision.core.isolation import GUEST_HOME, GUEST_USER, UID_CANDIDATES
 
@@ -129,8 +130,6 @@ def run_user(tools_root: Path, *, is_chroot: bool, devices: Iterable[Path] = ())
     (they then run as the invoking user) or the tools are the host's own (no tree to enter)."""
     if os.geteuid() != 0 or not is_chroot:
         return None
-    from provision.core import locks
-
     with locks.held(str(tools_root) + ".user.lock"):
         user = ensure_user(tools_root)
     return user.with_device_groups(devices)

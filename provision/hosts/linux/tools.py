@@ -29,6 +29,7 @@ from typing import Any
 
 from provision.adapters import debootstrap, partials, procs, qemu
 from provision.adapters.chroot import Chroot
+from provision.core import locks
 from provision.core import pins as pins_mod
 from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check
@@ -262,8 +263,6 @@ def make(
     if (final / READY_STAMP).is_file() and not force and not _leftovers(final):
         log(f"host tools: cached at {final}")
         return HostTools(final, "cache")
-    from provision.core import locks
-
     with locks.held(str(final) + ".lock"):
         for leftover in _leftovers(final):
             log(f"host tools: removing {leftover}, left by a host-tools that did not finish")
