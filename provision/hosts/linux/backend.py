@@ -221,7 +221,12 @@ def carry_out(
         except watch.InitNeverStarted as hang:
             # A rare TCG hang before the kernel printed a line (seen twice in this project's CI runs).
             # Nothing of the job ran and every disk is read-only, so booting again is safe.
-            kept = _set_aside(run_dir, "boot-1")
+            try:
+                kept = _set_aside(run_dir, "boot-1")
+            except OSError as exc:  # e.g. a full disk: a second boot would overwrite the only evidence
+                raise VmFailed(f"{hang}; its logs could not be set aside for a second boot: {exc}",
+                               fix=f"free space under {run_dir.parent} and run it again; the logs are in "
+                               f"{run_dir}") from None
             log(f"{hang}; booting it once more (the first boot's logs: {kept})")
         try:
             return _boot(plan, deadline, out, err, keep_fds=fds, log=log, on_start=on_start, cancel=cancel)

@@ -72,3 +72,20 @@ def test_a_second_hang_is_e024_naming_both_boots(tmp_path: Path, monkeypatch: py
     assert info.value.code == "E024" and len(pids) == 2  # twice, not a third time
     assert "init never started" in info.value.message and str(run_dir / "boot-1") in info.value.message
     assert "provision doctor" in info.value.fix
+
+
+def test_logs_that_cannot_be_set_aside_end_in_e024_not_a_second_boot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "boot-1").write_text("in the way\n")  # mkdir fails as it would on a full disk
+    pids: list[int] = []
+    monkeypatch.setattr(backend, "_boot", _fake_boot(run_dir, ["sleep 600", BOOTED], pids))
+    with pytest.raises(VmFailed) as info:
+        backend.carry_out(_plan(run_dir), io.BytesIO(), io.BytesIO(), log=lambda _line: None)
+    assert info.value.code == "E024" and len(pids) == 1  # no second boot over the first one's logs
+    assert "could not be set aside" in info.value.message and "File exists" in info.value.message
+    assert str(run_dir) in info.value.fix
+    assert (run_dir / "qemu.log").read_text() == "boot 1\n"
