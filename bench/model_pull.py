@@ -19,7 +19,7 @@ in the same rounds, is what a pull costs besides streaming (interpreter, imports
 fsync, rename); the stream ratio takes it off. Not a test: numbers depend on the machine and
 its load.
 
-    .venv/bin/python bench/model_pull.py [--size-mib 1024] [--runs 3] [--dir DIR]
+    .venv/bin/python bench/model_pull.py [--size-mib 1024] [--runs 6] [--dir DIR]
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def persist_time(path: Path, work: Path, *, direct: bool) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--size-mib", type=int, default=1024)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=6)
     ap.add_argument("--dir", type=Path, default=None, help="scratch directory (needs ~3x the size free)")
     args = ap.parse_args()
     if not shutil.which("curl") or not shutil.which("sha256sum"):
@@ -155,7 +155,9 @@ def main() -> int:
         rates: list[float] = []
         cached_runs: list[float] = []
         direct_runs: list[float] = []
-        # Each round times every part, so a disk that slows for a minute slows the floor and the pull alike.
+        # Each round times every part, so a disk that slows for a minute slows the floor and the pull alike;
+        # the pull and the O_DIRECT persist run back to back, first one then the other by turns, and each
+        # follows the unlink of a GiB (a discard on this file system), so neither gets a quieter disk.
         for i in range(args.runs):
             # the same as `curl -s -o F URL && sha256sum F`, timed in its two parts
             fetch = timed(["curl", "-s", "-o", str(out), url])
@@ -170,17 +172,20 @@ def main() -> int:
                 "PROVISION_CACHE": str(cache),
                 "PYTHONPATH": str(REPO),
             }
+
             cmd = [sys.executable, "-m", "provision", "model", "pull", url, "--sha256", sha, "--name", "bench"]
-            pulls.append(timed(cmd, env))
-            shutil.rmtree(cache, ignore_errors=True)
+            for step in ("pull", "direct") if i % 2 == 0 else ("direct", "pull"):
+                if step == "pull":
+                    pulls.append(timed(cmd, env))
+                    shutil.rmtree(cache, ignore_errors=True)
+                elif hasattr(os, "O_DIRECT"):
+                    direct_runs.append(persist_time(source, work, direct=True))
+            cached_runs.append(persist_time(source, work, direct=False))
             small_url = url.replace("/bench.gguf", "/small.gguf")
             cmd = [sys.executable, "-m", "provision", "model", "pull", small_url, "--sha256", small_sha, "--name", "s"]
             smalls.append(timed(cmd, env))
             shutil.rmtree(cache, ignore_errors=True)
             rates.append(hashlib_rate(source))
-            cached_runs.append(persist_time(source, work, direct=False))
-            if hasattr(os, "O_DIRECT"):
-                direct_runs.append(persist_time(source, work, direct=True))
         rate = max(rates)
         cached = min(cached_runs)
         direct = min(direct_runs) if direct_runs else None
@@ -206,9 +211,14 @@ def main() -> int:
     print(f"ratio pull / (curl+sha256sum): {pull / base:.2f}  (goal <= 0.6; floor {floor / base:.2f})")
     print(f"ratio pull / one-pass floor  : {pull / floor:.2f}  (goal <= 1.1)")
     print(f"ratio stream / one-pass floor: {(pull - fixed) / floor:.2f}  (the pull less the 1 MiB pull's time)")
-    # the same ratio from the middle runs, not the best: how far one run in two may stray on this machine
-    mid_floor = max(size / statistics.median(rates), statistics.median(
-        [min(c, d) for c, d in zip(cached_runs, direct_runs, strict=True)] if direct_runs else cached_runs))
+    # Each round's pull against that round's floor (its own hashing and persist, timed beside it): the
+    # middle of these is the ratio least moved by a disk whose speed drifts from minute to minute.
+    persists = [min(c, d) for c, d in zip(cached_runs, direct_runs, strict=True)] if direct_runs else cached_runs
+    floors = [max(size / r, p) for r, p in zip(rates, persists, strict=True)]
+    paired = [p / f for p, f in zip(pulls, floors, strict=True)]
+    listed = ", ".join(f"{r:.2f}" for r in paired)
+    print(f"pull / floor, round by round : {statistics.median(paired):.2f}  (median; runs: {listed}; goal <= 1.1)")
+    mid_floor = max(size / statistics.median(rates), statistics.median(persists))
     print(f"median pull / median floor   : {statistics.median(pulls) / mid_floor:.2f}  (the runs' middles)")
     print(f"ratio pull / hashlib alone   : {pull / limit:.2f}  (reachable only where the disk outruns hashing)")
     return 0
