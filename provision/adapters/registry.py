@@ -14,11 +14,13 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-import requests
-
 from provision.adapters import http as web
+
+if TYPE_CHECKING:
+    import requests
 
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -40,7 +42,7 @@ class Registry:
     read_timeout: float = 20.0
     allow: Callable[[str], str | None] = lambda _url: None
     token: str | None = None
-    session: requests.Session = field(default_factory=requests.Session)
+    session: requests.Session = field(default_factory=web.session)
 
     def url(self, kind: str, reference: str) -> str:
         return f"{self.base}/v2/{self.repository}/{kind}/{reference}"

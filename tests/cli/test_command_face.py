@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +106,39 @@ def test_a_named_command_builds_its_own_parser_alone() -> None:
     assert len(_subparsers(cli.build_parser("no-such-command", full=False))) == len(_subparsers(cli.build_parser()))
     with pytest.raises(errors.InvalidValue, match="invalid choice"):
         cli.build_parser("no-such-command", full=False).parse_args(["no-such-command"])
+
+
+_MODULES_AFTER = (
+    "import sys, contextlib, io\n"
+    "from provision import cli\n"
+    "with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()):\n"
+    "    cli.main(sys.argv[1:])\n"
+    "print(' '.join(sorted(sys.modules)))\n"
+)
+
+
+@pytest.mark.parametrize("argv", [["model", "list"], ["model", "path", "tiny-llama"], ["model", "pull", "--help"]])
+def test_model_commands_that_make_no_request_do_not_import_requests(argv: list[str], tmp_path: Path) -> None:
+    # requests with its dependencies is about 0.1 s of start-up: loaded at the first request only.
+    env = {**os.environ, "PROVISION_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", _MODULES_AFTER, *argv], capture_output=True, text=True, env=env,
+                         check=True).stdout.split()
+    assert "provision.models.store" in out or argv[-1] == "--help"  # the store was loaded where it is used
+    assert [m for m in out if m.split(".")[0] in ("requests", "urllib3", "charset_normalizer")] == []
+
+
+def test_the_first_request_imports_requests(tmp_path: Path) -> None:
+    # The other side of the test above: the probe sees requests once a request is made (a refused
+    # port on loopback is still a request through requests).
+    code = (
+        "import sys\n"
+        "from provision.adapters import http as web\n"
+        "before = 'requests' in sys.modules\n"
+        "try:\n"
+        "    web.get('http://127.0.0.1:9/x', connect_timeout=2)\n"
+        "except OSError as exc:\n"
+        "    kind = type(exc).__name__\n"
+        "print(before, 'requests' in sys.modules, kind)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True", "ConnectionError"]
