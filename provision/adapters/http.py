@@ -33,7 +33,7 @@ def _libraries() -> tuple[ModuleType, ModuleType]:
     """requests and urllib3's exceptions, imported at the first request, not with this module.
 
     Why: with its dependencies (urllib3, charset_normalizer, idna, http.cookiejar) requests takes
-    about 0.1 s to import on the 2-core VM, half of a 1 MiB pull's whole run, and commands that
+    about 0.08 s to import on the 2-core VM, a third of a 1 MiB pull's whole run, and commands that
     import the model store without making a request (`model path`, `model list`, a run whose
     model is stored) paid it every time.
     """
