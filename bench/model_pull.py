@@ -94,7 +94,8 @@ def timed(cmd: list[str], env: dict[str, str] | None = None, *, sync: bool = Tru
     return time.perf_counter() - t0
 
 
-def hashlib_rate(path: Path) -> float:
+def hash_seconds(path: Path) -> float:
+    """Seconds for hashlib's sha256 over ``path`` (from the page cache: make_file just wrote it)."""
     buf = bytearray(8 * MIB)
     view = memoryview(buf)
     h = hashlib.sha256()
@@ -102,7 +103,7 @@ def hashlib_rate(path: Path) -> float:
     with open(path, "rb", buffering=0) as f:
         while n := f.readinto(view):
             h.update(view[:n])
-    return path.stat().st_size / (time.perf_counter() - t0)
+    return time.perf_counter() - t0
 
 
 def persist_time(path: Path, work: Path, *, direct: bool) -> float:
@@ -179,8 +180,8 @@ def main() -> int:
     if not shutil.which("curl") or not shutil.which("sha256sum"):
         print("bench needs curl and sha256sum (scripts/setup-debian installs curl)", file=sys.stderr)
         return 2
-    if args.runs < 1 or args.baseline_runs < 1:
-        print("--runs and --baseline-runs want at least 1", file=sys.stderr)
+    if min(args.runs, args.baseline_runs, args.size_mib) < 1:
+        print("--runs, --baseline-runs and --size-mib want at least 1", file=sys.stderr)
         return 2
     size = args.size_mib * MIB
     times: dict[str, list[float]] = {k: [] for k in ("pull", "small", "hash", "cached", "direct")}
@@ -210,18 +211,16 @@ def main() -> int:
         pull_cmd = [sys.executable, "-m", "provision", "model", "pull", url, "--sha256", sha, "--name", "bench"]
         small_cmd = [*pull_cmd[:5], small_url, "--sha256", small_sha, "--name", "s"]
 
-        def pull() -> None:
-            times["pull"].append(timed(pull_cmd, env))
-            shutil.rmtree(cache)
-
-        def pull_small() -> None:
-            times["small"].append(timed(small_cmd, env))
-            shutil.rmtree(cache)
+        def pull(cmd: list[str]) -> float:
+            try:
+                return timed(cmd, env)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
 
         steps: dict[str, Callable[[], None]] = {
-            "pull": pull,
-            "small": pull_small,
-            "hash": lambda: times["hash"].append(size / hashlib_rate(source)),
+            "pull": lambda: times["pull"].append(pull(pull_cmd)),
+            "small": lambda: times["small"].append(pull(small_cmd)),
+            "hash": lambda: times["hash"].append(hash_seconds(source)),
             "cached": lambda: times["cached"].append(persist_time(source, work, direct=False)),
         }
         if hasattr(os, "O_DIRECT"):

@@ -16,12 +16,17 @@ import http.client
 import select
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 if TYPE_CHECKING:
     import requests
+
+# REQUESTS_LAZILY: requests and urllib3 are imported inside the functions that use them. With its
+# dependencies (urllib3, charset_normalizer, idna, http.cookiejar) requests takes about 0.08 s to
+# import on the 2-core VM, a third of a 1 MiB pull's whole run, and commands that load the model
+# store without making a request (`model path`, `model list`, a run whose model is stored) paid it
+# every time. Imported by name in each function, so mypy still checks every attribute.
 
 USER_AGENT = "krun-gpu-provision/0.1"
 _REDIRECTS = (301, 302, 303, 307, 308)
@@ -29,25 +34,11 @@ SMALL_LIMIT = 8 << 20  # manifests, token answers and file listings are far smal
 _SECRET_HEADERS = ("authorization", "cookie")
 
 
-def _libraries() -> tuple[ModuleType, ModuleType]:
-    """requests and urllib3's exceptions, imported at the first request, not with this module.
-
-    Why: with its dependencies (urllib3, charset_normalizer, idna, http.cookiejar) requests takes
-    about 0.08 s to import on the 2-core VM, a third of a 1 MiB pull's whole run, and commands that
-    import the model store without making a request (`model path`, `model list`, a run whose
-    model is stored) paid it every time.
-    """
-    import requests
-    import urllib3.exceptions
-
-    return requests, urllib3.exceptions
-
-
-def session() -> requests.Session:
+def new_session() -> requests.Session:
     """A new requests session (connections reused across one caller's requests)."""
-    lib, _ = _libraries()
-    made: requests.Session = lib.Session()
-    return made
+    import requests  # at the first request, not with this module: see REQUESTS_LAZILY
+
+    return requests.Session()
 
 
 class HttpError(Exception):
@@ -56,18 +47,21 @@ class HttpError(Exception):
 
 def _translate(exc: BaseException) -> BaseException:
     """A requests/urllib3 exception as the standard library's kind (the callers' contract)."""
-    lib, urllib3_errors = _libraries()
-    if isinstance(exc, lib.exceptions.Timeout | urllib3_errors.TimeoutError | TimeoutError):
+    import requests
+    import urllib3.exceptions
+
+    if isinstance(exc, requests.exceptions.Timeout | urllib3.exceptions.TimeoutError | TimeoutError):
         return TimeoutError(str(exc) or "timed out")
-    if isinstance(exc, lib.exceptions.InvalidURL | lib.exceptions.InvalidHeader | ValueError):
+    if isinstance(exc, requests.exceptions.InvalidURL | requests.exceptions.InvalidHeader | ValueError):
         return HttpError(str(exc))
     # Refused, reset, a garbled status line, a hang-up before the answer: the connection failed.
     return ConnectionError(str(exc) or type(exc).__name__)
 
 
 def _clean_close(exc: BaseException) -> bool:
-    _, urllib3_errors = _libraries()
-    incomplete = (urllib3_errors.IncompleteRead, http.client.IncompleteRead)
+    import urllib3.exceptions
+
+    incomplete = (urllib3.exceptions.IncompleteRead, http.client.IncompleteRead)
     return isinstance(exc, incomplete) or any(isinstance(a, incomplete) for a in exc.args)
 
 
@@ -90,12 +84,13 @@ class Response:
 
     def read1(self, n: int) -> bytes:
         """At most ``n`` bytes, from at most one socket read; b"" at the end (even a premature one)."""
-        _, urllib3_errors = _libraries()
+        import urllib3.exceptions
+
         try:
             data: bytes = self.raw.read1(n)
-        except (urllib3_errors.ReadTimeoutError, TimeoutError) as exc:
+        except (urllib3.exceptions.ReadTimeoutError, TimeoutError) as exc:
             raise TimeoutError(str(exc)) from None
-        except urllib3_errors.HTTPError as exc:
+        except urllib3.exceptions.HTTPError as exc:
             if _clean_close(exc):
                 return b""  # closed before Content-Length: the caller counts the bytes and says so
             raise ConnectionError(str(exc) or type(exc).__name__) from None
@@ -196,15 +191,17 @@ def get(
     redirect target, a URL no request can be made to). Authorization and Cookie headers are
     dropped on a redirect to another origin (registries send blobs to a CDN).
     """
-    lib, urllib3_errors = _libraries()
+    import requests
+    import urllib3.exceptions
+
     sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
-    http_session = session or lib.Session()
+    http_session = session or new_session()
     for _ in range(max_redirects + 1):
         try:
             inner = http_session.get(
                 url, headers=sent, stream=True, allow_redirects=False, timeout=(connect_timeout, read_timeout)
             )
-        except (lib.exceptions.RequestException, urllib3_errors.HTTPError, ValueError) as exc:
+        except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
             raise _translate(exc) from None
         if inner.status_code in _REDIRECTS and inner.headers.get("Location"):
             location = inner.headers["Location"]
@@ -237,12 +234,14 @@ def post(
 
     Raises what ``get`` raises; the caller reads the body (``read1``, or line by line from ``raw``).
     """
-    lib, urllib3_errors = _libraries()
+    import requests
+    import urllib3.exceptions
+
     sent = {"User-Agent": USER_AGENT, "Accept-Encoding": "identity", **(headers or {})}
     try:
-        inner = lib.Session().post(
+        inner = new_session().post(
             url, data=body, headers=sent, stream=True, allow_redirects=False, timeout=(connect_timeout, read_timeout)
         )
-    except (lib.exceptions.RequestException, urllib3_errors.HTTPError, ValueError) as exc:
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, ValueError) as exc:
         raise _translate(exc) from None
     return Response(url, inner.status_code, inner.reason or "", inner.headers, inner.raw, inner)

@@ -42,7 +42,7 @@ class Registry:
     read_timeout: float = 20.0
     allow: Callable[[str], str | None] = lambda _url: None
     token: str | None = None
-    session: requests.Session = field(default_factory=web.session)
+    session: requests.Session = field(default_factory=web.new_session)
 
     def url(self, kind: str, reference: str) -> str:
         return f"{self.base}/v2/{self.repository}/{kind}/{reference}"
