@@ -267,3 +267,29 @@ def test_the_cli_renders_json_in_one_place() -> None:
     branches = [f"{p.name}:{n}" for p in sorted((PACKAGE / "cli").glob("*.py"))
                 for n, line in enumerate(p.read_text().splitlines(), 1) if "args.json" in line]  # fmt: skip
     assert branches == []
+
+
+FACES = ("provision.cli", "provision.api", "provision.routes")
+HOST_PACKAGES = ("provision.hosts.linux", "provision.hosts.darwin")
+
+
+def host_bypasses(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a host package from the CLI, the API or the route choice: they reach a host
+    through the registry (``hosts.native()``/``hosts.get()``) alone."""
+    return sorted(f"{mod} imports {dep}" for mod, deps in graph.items()
+                  if mod.startswith(FACES) for dep in deps if dep.startswith(HOST_PACKAGES))  # fmt: skip
+
+
+def test_the_cli_api_and_routes_reach_a_host_only_through_the_registry() -> None:
+    assert host_bypasses(all_modules()) == []
+    table = readme_table()
+    for face in FACES:  # and the README does not allow it either
+        allowed = table[face]
+        assert isinstance(allowed, set) and not {p for p in allowed if p.startswith(HOST_PACKAGES)}, face
+
+
+def test_the_bypass_check_catches_a_face_importing_a_host() -> None:
+    graph = {"provision.cli.x": {"provision.hosts.linux.execute"}, "provision.api.jobs": {"provision.hosts"},
+             "provision.routes.y": {"provision.hosts.darwin"}}  # fmt: skip
+    assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.execute",
+                                    "provision.routes.y imports provision.hosts.darwin"]  # fmt: skip

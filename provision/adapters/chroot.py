@@ -67,10 +67,14 @@ class Chroot:
             return str(Path(dst) / rel)
         raise ValueError(f"{host_path} is not visible inside {self.root} (binds: {dict(self.binds)})")
 
+    @staticmethod
+    def environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The whole environment ``program`` gets from ``argv`` (``env -i``: nothing else passes)."""
+        return {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8", **(env or {})}
+
     def argv(self, program: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         """The host command line that runs ``program`` inside the chroot with a clean env."""
-        env_items = {"PATH": DEFAULT_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
-        env_items.update(env or {})
+        env_items = self.environment(env)
         binds: list[str] = []
         for src, dst in self.binds.items():
             if not dst.startswith("/") or ".." in Path(dst).parts:

@@ -3,5 +3,5 @@
 Pure parts (settings, auth, the error -> HTTP status table, the job runner) import no web
 framework; ``app`` and ``server`` import FastAPI and uvicorn, so only `provision api` pays for them.
 
-May import: core, models, hosts.linux.
+May import: core, models, hosts.
 """

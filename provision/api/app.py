@@ -29,7 +29,6 @@ from provision.api.schema import ErrorBody, ExecuteRequest, ExecuteResult, Healt
 from provision.api.settings import Settings
 from provision.core import catalog
 from provision.core.errors import InvalidValue, ProvisionError, Unauthorized, WrongPlatform
-from provision.hosts.linux import slots
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -257,7 +256,7 @@ def create_app(settings: Settings, runner: Runner) -> FastAPI:
             running=counts["running"],
             waiting=counts["waiting"],
             max_vms=runner.max_vms,
-            gpu_slots=slots.slot_count(),
+            gpu_slots=runner.host.gpu_slots(),
             version=__version__,
         )
 

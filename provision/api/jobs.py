@@ -1,9 +1,10 @@
-"""Jobs of the execution API: each runs in its own thread on the Linux backend.
+"""Jobs of the execution API: each runs in its own thread, a guest run on the Linux host.
 
 A job waits for one of the server's ``--max-vms`` places, then for a GPU slot when it wants
 the GPU (provision/slots.py, the same flock slots `provision run --gpu` takes, so CLI and API
-share them), then boots a fresh guest that runs ``sh -c CODE``. Everything it reports (the
-VM's start, output lines, the end) goes through one ``emit`` callback, which the web layer
+share them), then boots a fresh guest that runs ``sh -c CODE``. The host tells the job its VM started
+(``RunIO.on_start``). Everything it reports (the VM's start, output lines, the end) goes
+through one ``emit`` callback, which the web layer
 turns into a stream or a single response. ``job.cancel`` stops the guest from any thread.
 """
 
@@ -24,12 +25,11 @@ from typing import Any
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout
 from provision.core.log import say
-from provision.hosts.linux.backend import LinuxBackend, RunResult
+from provision.hosts import Host, RunIO, RunRequest, RunResult
 
 Event = dict[str, Any]
 Emit = Callable[[Event], None]
 
-QEMU_STARTED = re.compile(r"qemu pid=(\d+)")
 DEVICE_MARKER = re.compile(rb"KRUN-DEVICE=([^\r\n]*)")
 # Which device the guest's Vulkan loader picks, written to the console (not the job's output).
 VENUS_PROBE = (
@@ -121,13 +121,14 @@ class Job:
         self.stdout = LineSink("stdout", emit, capture_bytes)
         self.stderr = LineSink("stderr", emit, capture_bytes)
 
-    def on_backend_log(self, text: str) -> None:
-        """The backend says `qemu pid=N ...` the moment the VM exists: that is when the job started."""
-        m = QEMU_STARTED.search(text)
-        if m and self.started_at is None:
+    def on_start(self, pid: int, run_dir: Path) -> None:
+        """The VM exists: that is when the job started (a guest booted twice starts once)."""
+        if self.started_at is None:
             self.started_at = time.time()
-            self.qemu_pid = int(m.group(1))
-            self.emit({"event": "started", "job": self.id, "qemu_pid": self.qemu_pid, "t": iso(self.started_at)})
+            self.qemu_pid = pid
+            self.emit({"event": "started", "job": self.id, "qemu_pid": pid, "t": iso(self.started_at)})
+
+    def say(self, text: str) -> None:
         self.log(f"job {self.id}: {text}")
 
     def result(self, run: RunResult, device: str | None) -> Event:
@@ -145,7 +146,7 @@ class Job:
             "stdout_truncated": self.stdout.truncated,
             "stderr_truncated": self.stderr.truncated,
             "accel": run.accel,
-            "qemu_pid": run.qemu_pid,
+            "qemu_pid": run.pid,
             "accepted_at": iso(self.accepted_at),
             "started_at": iso(self.started_at),
             "ended_at": iso(self.ended_at),
@@ -171,13 +172,15 @@ class Runner:
         max_vms: int,
         capture_bytes: int,
         log: Callable[[str], None] | None = None,
-        backend_factory: Callable[..., LinuxBackend] = LinuxBackend,
+        host: Host | None = None,
     ) -> None:
+        from provision import hosts
+
         self.max_vms = max_vms
         self.capture_bytes = capture_bytes
         progress = say("api")
         self.log = log or (lambda s: progress(f"provision api: {s}"))
-        self.backend_factory = backend_factory
+        self.host = host or hosts.get("linux")
         self.draining = False
         self._places = threading.Semaphore(max_vms)
         self._lock = threading.Lock()
@@ -241,20 +244,12 @@ class Runner:
         if remaining <= 0:
             raise RunTimeout("the deadline passed before the VM could start")
         probe = spec.gpu and spec.stack.route == "venus"
-        backend = self.backend_factory(log=job.on_backend_log)
-        run = backend.execute(
-            spec.stack,
-            spec.gpu,
-            spec.model_path,
-            guest_command(spec.code, probe),
-            remaining,
-            stdout=job.stdout,
-            stderr=job.stderr,
-            model_name=spec.model_name,
-            cancel=job.cancel,
-        )
+        req = RunRequest(spec.stack, spec.gpu, tuple(guest_command(spec.code, probe)), model_path=spec.model_path,
+                         model_name=spec.model_name, timeout_s=remaining)  # fmt: skip
+        io = RunIO(out=job.stdout, err=job.stderr, cancel=job.cancel, on_start=job.on_start, say=job.say)
+        run = self.host.run(req, io)
         job.ended_at = time.time()
-        device = read_device(run.run_dir) if probe else (None if spec.gpu else "cpu")
+        device = read_device(run.run_dir) if probe and run.run_dir else (None if spec.gpu else "cpu")
         return job.result(run, device)
 
     # --- stopping -----------------------------------------------------------------------

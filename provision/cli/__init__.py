@@ -11,7 +11,9 @@ the same envelope with status "error" on stdout). Argument errors are E003. Anyt
 bug: a short report, the traceback in a file, exit status ``errors.INTERNAL_ERROR_STATUS``;
 never a traceback on the terminal.
 
-May import: everything; nothing imports it.
+May import: adapters, api, apir, bench, chat, core, doctor, hosts, images, models, routes, serve; never hosts.linux or
+hosts.darwin (a host is reached through the registry, ``hosts.native()``/``hosts.get()``);
+nothing imports it.
 """
 
 from __future__ import annotations

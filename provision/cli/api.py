@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from provision import hosts
     from provision.api import settings as api_settings
 
-    if not hosts.native_is("linux"):
+    if hosts.native().name != "linux":
         raise WrongPlatform("provision api runs Linux guests (QEMU) and needs a Linux host")
     if args.max_vms < 1:
         raise InvalidValue(f"--max-vms {args.max_vms}: expected a positive integer", fix="--max-vms 2")

@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 
 from provision.cli.output import checks_table, command
-from provision.core import values
-from provision.core.errors import InvalidValue
 from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -76,52 +74,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> Result:
     from provision import hosts
-
-    if not hosts.native_is("linux"):
-        raise hosts.wrong_platform(hosts.platform_key(), "provision host-tools (the Linux route's QEMU chroot)",
-                                   fix="on macOS the krun bundle is the host side: nix profile add .#krun")  # fmt: skip
     from provision.core.diagnostics import failed
-    from provision.hosts.linux import apir_host
-    from provision.hosts.linux import tools as host_tools
 
-    if args.virgl_src is not None and not args.apir:
-        raise InvalidValue("--virgl-src is only used with --apir", fix="add --apir, or drop --virgl-src")
-    if args.virgl_src is not None and not args.virgl_src.is_file():  # a git archive (.tar.xz) is a file
-        values.existing_dir(args.virgl_src, "--virgl-src")
-    if args.bundle is not None or args.from_ is not None:
-        return _bundle(args)
-    if not args.check:
-        if args.apir:
-            apir_host.make(args.virgl_src)  # makes the base chroot first when needed
-        else:
-            host_tools.make(force=args.force)
-    checks = host_tools.checks()
-    if args.apir or apir_host.locate() is not None:
-        checks += apir_host.checks()
-    tools = host_tools.locate()
-    return Result(
-        {"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]},
-        lambda: checks_table(checks),
-        exit_status=1 if failed(checks) else 0,
-    )
-
-
-def _bundle(args: argparse.Namespace) -> Result:
-    from provision.core.diagnostics import Check, failed
-    from provision.hosts.linux import tools_bundle
-
-    if args.bundle is not None and args.from_ is not None:
-        raise InvalidValue("--bundle makes a bundle and --from installs one: give one of them")
-    checks: list[Check] = []
-    if args.host_driver and args.bundle is None:
-        raise InvalidValue("--host-driver is only used with --bundle", fix="add --bundle OUT.tar.xz, or drop it")
-    if args.from_ is not None:
-        payload, checks = tools_bundle.install(args.from_, args.to)
-    else:
-        if args.to is not None:
-            raise InvalidValue("--to is only used with --from")
-        payload = tools_bundle.make(args.bundle, args.stack or ["llama-linux"], not args.no_guest,
-                                    minimal=args.minimal, host_driver=args.host_driver, apir=args.apir,
-                                    virgl_src=args.virgl_src)  # fmt: skip
-    lines = [f"{k}: {v}" for k, v in payload.items() if k != "checks"] + ([checks_table(checks)] if checks else [])
-    return Result(payload, "\n".join(lines), exit_status=1 if failed(checks) else 0)
+    req = hosts.ToolsRequest(
+        check=args.check, force=args.force, apir=args.apir, virgl_src=args.virgl_src, bundle=args.bundle,
+        stacks=tuple(args.stack or ["llama-linux"]), minimal=args.minimal, guest=not args.no_guest,
+        host_driver=args.host_driver, install_from=args.from_, install_to=args.to,
+    )  # fmt: skip
+    done = hosts.native().prepare(req)
+    checks = list(done.checks)
+    if done.lines:  # a bundle made or installed: what it holds, then the installed tools' checks
+        text = "\n".join([*done.lines, *([checks_table(checks)] if checks else [])])
+        return Result(dict(done.data), text, exit_status=1 if failed(checks) else 0)
+    return Result(dict(done.data), lambda: checks_table(checks), exit_status=1 if failed(checks) else 0)

@@ -48,35 +48,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> Result:
     from provision import hosts
-    from provision.core import pins
     from provision.doctor import checks as doctor
-    from provision.hosts.darwin.backend import DarwinBackend
-    from provision.hosts.darwin.launch import LaunchRequest, check_memory
 
     if not args.dry_run:  # a plan may be for another Mac; a launch runs here
         values.int_range(args.cpus, "--cpus", 1, os.cpu_count() or 1, why="the CPUs of this host")
-    request = LaunchRequest(
+    request = hosts.LaunchRequest(
         route=args.route,
         machine=args.machine,
         cpus=args.cpus,
         memory_mib=args.memory,
         vram_mib=args.vram if args.vram is not None else doctor.default_vram_mib(),
         apir_log_dir=args.apir_log_dir,
+        krun=args.krun,
     )
-    check_memory(pins.default().compat, request.memory_mib, request.vram_mib)  # before looking for anything
-    backend = DarwinBackend(args.krun)
-    if args.dry_run:
-        # Off macOS (or without podman) the machine cannot be asked: the plan is for a new one.
-        plan, _bundle = backend.plan(request, dry_run=True, here=hosts.native_is("darwin"))
-        return Result(plan.as_dict(), plan.shell())
-    if not hosts.native_is("darwin"):
-        raise hosts.wrong_platform(
-            hosts.platform_key(),
-            "provision launch (a podman machine with krunkit, macOS on Apple Silicon)",
-            fix="on Linux use `provision run` (QEMU route); `--dry-run` shows the macOS plan anywhere",
-        )
-    plan = backend.launch(request)
-    for w in plan.warnings:
+    # The macOS host makes the plan anywhere (`--dry-run` on Linux reviews it); it launches on a Mac alone.
+    done = hosts.get("darwin").prepare(request, dry_run=args.dry_run)
+    for w in done.warnings:
         logging.getLogger("provision.launch").warning("warning: %s", w)
-    return Result({"launched": plan.as_dict()},
-                  f"machine {plan.machine} runs on the {plan.route} route (krunkit mapped {plan.expect_virglrenderer})")
+    return Result(dict(done.data), "\n".join(done.lines))

@@ -1,7 +1,7 @@
 """`provision perplexity STACK --model NAME [--gpu] [--text FILE]`: llama-perplexity in a guest.
 
-Thin: parse, provision.hosts.linux.perplexity.measure (device rules as `run`, the text mounted
-read-only beside the model, the result added to the bench history), print.
+Thin: parse, this host's ``perplexity`` (device rules as `run`, the text mounted read-only beside
+the model, the result added to the bench history), print.
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> Result:
+    from provision import hosts
     from provision.cli.run import resolve_model
-    from provision.core import catalog, values
-    from provision.hosts.linux import perplexity
+    from provision.core import catalog
 
-    values.seconds(args.timeout, "--timeout")
     stack = catalog.load().get(args.stack)
     label = Path(args.model).name if Path(args.model).is_file() else args.model
 
@@ -55,8 +54,9 @@ def run(args: argparse.Namespace) -> Result:
         assert path is not None  # --model is required
         return path
 
-    data = perplexity.measure(stack, args.gpu, model, label, text=args.text, ctx=args.ctx, chunks=args.chunks,
-                              timeout=args.timeout, route=args.route)  # fmt: skip
+    req = hosts.PerplexityRequest(stack, args.gpu, model, label, args.ctx, args.chunks, text=args.text,
+                                  timeout_s=args.timeout, route=args.route)  # fmt: skip
+    data = hosts.native().perplexity(req)
     rows = [(data["where"], data["model"], f"{data['ppl']:.4f}", f"{data['error']:.4f}", data["ctx"], data["text"])]
     text = (table(("WHERE", "MODEL", "PPL", "+/-", "CTX", "TEXT"), rows)
             + f"\nhistory: record {data['history']['id']} in {data['history']['file']}")  # fmt: skip

@@ -45,8 +45,9 @@ def stack_for(args: argparse.Namespace, *, gpu: bool, command: str) -> Stack:
             f"provision {command}: no STACK, and neither --gpu nor --route to pick one by",
             fix=f"provision {command} --gpu … (provision picks the stack), or name one (`provision stacks`)",
         )
-    from provision.routes import choose, probe
+    from provision import hosts
+    from provision.routes import choose
 
-    decision = choose.choose(probe.facts(), cat.stacks, gpu=gpu, route=route)
+    decision = choose.choose(hosts.native().route_facts(), cat.stacks, gpu=gpu, route=route)
     print(f"provision: {decision.line()}", file=sys.stderr, flush=True)
     return cat.get(decision.stack)

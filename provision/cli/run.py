@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from provision.cli import routing
 from provision.cli.output import command
@@ -33,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         COMMANDS["run"],
         "provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary",
         "provision run --gpu -- vulkaninfo --summary    # the stack for this host, and why",
+        "provision run llama-linux --dry-run --json -- true    # the plan as data",
+        json=True,
     )
     _options(p)
     # One REMAINDER: `run --gpu -- CMD` has no STACK, and a plain positional would take CMD's first word.
@@ -77,12 +81,14 @@ def split_command(args: argparse.Namespace) -> list[str]:
 
         late = Parser(prog="provision run STACK", add_help=False)
         _options(late)
+        late.add_argument("--json", action="store_true")
         late.parse_args(opts, namespace=args)
     return cmd
 
 
-def resolve_model(ref: str | None) -> Path | None:
-    """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure)."""
+def resolve_model(ref: str | None, *, fetch: bool = True) -> Path | None:
+    """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure).
+    ``fetch=False`` (a dry run): where the store has it or will put it, nothing pulled, made or written."""
     if ref is None:
         return None
     p = Path(ref).expanduser()
@@ -95,12 +101,12 @@ def resolve_model(ref: str | None) -> Path | None:
             f"--model {ref}: no such file", fix="give the path of a GGUF file, or a store name (provision model list)"
         )
     try:
-        models = importlib.import_module("provision.models.store")
+        models = importlib.import_module("provision.models.store" if fetch else "provision.models.planned")
     except ModuleNotFoundError:
         raise UnknownModel(
             f"model {ref!r}: not a file, and no model store in this build", fix="pass the GGUF's path"
         ) from None
-    path: Path = models.ensure(ref)
+    path: Path = models.ensure(ref) if fetch else models.planned(ref)
     return path
 
 
@@ -124,9 +130,13 @@ def run(args: argparse.Namespace) -> Result | int:
     bounds = limits(args)
     stack = routing.stack_for(args, gpu=args.gpu, command="run")
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
-    model = resolve_model(args.model)  # verified (or refused) before any VM starts
+    model = resolve_model(args.model, fetch=not args.dry_run)  # verified (or refused) before any VM starts
     req = hosts.RunRequest(stack, args.gpu, tuple(cmd), limits=bounds, model_path=model, route=args.route)
-    if args.dry_run:  # the plan as data (QEMU's environment and argv, the job); nothing starts
-        plan = hosts.native().plan_run(req)
-        return Result(dict(plan), str(plan.get("shell", "")))
-    return hosts.native().run(req)
+    if args.dry_run:  # the plan as data (what starts, as whom, where, with which environment); nothing starts
+        return plan_result(hosts.native().plan_run(req))
+    return hosts.native().run(req).exit_status
+
+
+def plan_result(plan: Mapping[str, Any]) -> Result:
+    """A dry run's plan: the data for ``--json``, the shell lines for a person."""
+    return Result(dict(plan), str(plan.get("shell", "")))

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 from provision.cli import routing, serve_generate
 from provision.cli.output import command, table
-from provision.cli.run import resolve_model
+from provision.cli.run import plan_result, resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
 from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
+    from provision.serve.engine import ServeRequest
 
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--name", default=None, help="name for ps/stop (default STACK-PORT)")
     p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (what would start), start nothing")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
     serve_generate.options(p)  # --generate quadlet|kube --output FILE [--force]
     p.set_defaults(func=serve_cmd)
@@ -62,12 +64,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all", action="store_true", help="stop every served model")
     p.set_defaults(func=stop_cmd)
 
-    p = command(sub, "shell", COMMANDS["shell"], "provision shell llama-linux --gpu --model tiny-llama")
+    p = command(sub, "shell", COMMANDS["shell"], "provision shell llama-linux --gpu --model tiny-llama",
+                "provision shell llama-linux --dry-run --json", json=True)
     p.add_argument("stack")
     p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="mounted read-only, path in $MODEL")
     p.add_argument("--timeout", type=float, default=None, metavar="S", help="stop the guest after S seconds")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (what would start), start nothing")
     p.set_defaults(func=shell_cmd)
 
 
@@ -91,26 +95,14 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
     name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
     if args.generate:
         return serve_generate.run(args, stack, host, name)
+    if args.dry_run:
+        return plan_result(hosts.native().plan_serve(_serve_request(args, stack, host, name, fetch=False)))
     if args.detach:
         return _detach(args, stack, host, name)
     report = Path(args.report) if args.report else None
     try:
         serving.check_port_free(host, args.port)
-        model_path = resolve_model(args.model)
-        assert model_path is not None  # --model is required
-        req = serving.ServeRequest(
-            stack=stack,
-            model_path=model_path,
-            model=serving.model_alias(args.model, model_path),
-            gpu=args.gpu,
-            host=host,
-            port=args.port,
-            ctx=args.ctx,
-            parallel=args.parallel,
-            name=name,
-            wait_s=args.wait,
-            route=args.route,
-        )
+        req = _serve_request(args, stack, host, name)
 
         def ready(entry: serve_state.Entry) -> None:
             if report is not None:
@@ -125,6 +117,28 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
         if report is not None:
             serve_state.write_report(report, {"error": exc.as_dict()})
         raise
+
+
+def _serve_request(
+    args: argparse.Namespace, stack: Stack, host: str, name: str, *, fetch: bool = True
+) -> ServeRequest:
+    from provision.serve import engine as serving
+
+    model_path = resolve_model(args.model, fetch=fetch)
+    assert model_path is not None  # --model is required
+    return serving.ServeRequest(
+        stack=stack,
+        model_path=model_path,
+        model=serving.model_alias(args.model, model_path),
+        gpu=args.gpu,
+        host=host,
+        port=args.port,
+        ctx=args.ctx,
+        parallel=args.parallel,
+        name=name,
+        wait_s=args.wait,
+        route=args.route,
+    )
 
 
 def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Result:
@@ -185,13 +199,15 @@ def stop_cmd(args: argparse.Namespace) -> Result:
     return Result(done, "\n".join(f"{d['name']}: {how[bool(d['clean'])]}" for d in done))
 
 
-def shell_cmd(args: argparse.Namespace) -> int:
+def shell_cmd(args: argparse.Namespace) -> Result | int:
     from provision import hosts
     from provision.serve import engine as serving
 
     stack = _stack(args)
-    model_path = resolve_model(args.model)
+    model_path = resolve_model(args.model, fetch=not args.dry_run)
     model_name = f"{serving.model_alias(args.model, model_path)}.gguf" if model_path and args.model else None
     req = hosts.RunRequest(stack, args.gpu, (), model_path=model_path, model_name=model_name, route=args.route,
                            timeout_s=args.timeout)  # fmt: skip
+    if args.dry_run:
+        return plan_result(hosts.native().plan_shell(req))
     return hosts.native().shell(req)

@@ -16,7 +16,7 @@ from provision.apir import preflight as apir
 from provision.core import catalog, pins
 from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check, DoctorContext, failed
-from provision.routes.doctor import route_checks
+from provision.doctor.route import route_checks
 
 
 def default_vram_mib() -> int | None:

@@ -6,7 +6,7 @@ picks the one for this machine. This is the one place that looks at ``sys.platfo
 A host says what it cannot do with ``WrongPlatform`` (E033), so `provision bench` on a Mac is
 "wrong platform", not a Linux error.
 
-May import: core, adapters, bench, serve.
+May import: core, adapters, bench, routes, serve.
 """
 
 from __future__ import annotations
@@ -14,50 +14,32 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol, runtime_checkable
 
-from provision.core.catalog import Stack
 from provision.core.errors import WrongPlatform
-from provision.core.isolation import GuestLimits
+from provision.hosts.requests import (
+    BenchRequest,
+    Forward,
+    LaunchRequest,
+    PerplexityRequest,
+    Prepared,
+    RunIO,
+    RunRequest,
+    RunResult,
+    ToolsRequest,
+)
 
 if TYPE_CHECKING:
     from provision.bench.report import BenchRun
     from provision.core.diagnostics import Check, DoctorContext
+    from provision.routes.choose import HostFacts
     from provision.serve.engine import Guest, ServeRequest
 
 # platform key -> the module whose host() makes its Host
 HOSTS: Mapping[str, str] = {"linux": f"{__name__}.linux.host", "darwin": f"{__name__}.darwin.host"}
 
-
-@dataclass(frozen=True)
-class RunRequest:
-    """One guest command: what `provision run` (and shell) asked for, checked values only."""
-
-    stack: Stack
-    gpu: bool
-    command: tuple[str, ...]
-    limits: GuestLimits = field(default_factory=GuestLimits)
-    model_path: Path | None = None
-    model_name: str | None = None  # the file name in the guest (shell, serve)
-    route: str | None = None
-    timeout_s: float | None = None  # over limits.timeout_s; a shell with none given has no deadline
-
-    @property
-    def deadline_s(self) -> float | None:
-        return self.timeout_s if self.timeout_s is not None else self.limits.timeout_s
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    stack: Stack
-    model_path: Path
-    label: str
-    timeout_s: float
-    out_dir: Path
-    host_baseline: bool = True
-    venus_stack: Stack | None = None  # APIR stacks: the Venus stack benched beside it
+__all__ = ["BenchRequest", "Forward", "Host", "LaunchRequest", "PerplexityRequest", "Prepared", "RunIO",
+           "RunRequest", "RunResult", "ToolsRequest", "get", "native", "platform_key", "wrong_platform"]  # fmt: skip
 
 
 @runtime_checkable
@@ -65,15 +47,23 @@ class Host(Protocol):
     name: str
 
     def plan_run(self, req: RunRequest) -> Mapping[str, Any]:
-        """What ``run`` would do, as data (pure apart from reading what is installed)."""
+        """What ``run`` would do, as data: exactly what would start. Writes nothing, fetches nothing."""
         ...
 
-    def run(self, req: RunRequest) -> int:
-        """Run the command in a guest; its exit status. E007 before anything starts, E021 on timeout."""
+    def run(self, req: RunRequest, io: RunIO | None = None) -> RunResult:
+        """Run the command in a guest. E007 before anything starts, E021 on timeout."""
+        ...
+
+    def plan_serve(self, req: ServeRequest) -> Mapping[str, Any]:
+        """What ``serve_guest`` would start, as data (`provision serve --dry-run`)."""
         ...
 
     def serve_guest(self, req: ServeRequest, *, out: BinaryIO, err: BinaryIO) -> Guest:
         """The guest `provision serve` runs llama-server in (not started yet)."""
+        ...
+
+    def plan_shell(self, req: RunRequest) -> Mapping[str, Any]:
+        """What ``shell`` would start, as data (`provision shell --dry-run`)."""
         ...
 
     def shell(self, req: RunRequest) -> int:
@@ -88,6 +78,22 @@ class Host(Protocol):
         """llama-bench in guests (and on the host): the report `provision bench` prints."""
         ...
 
+    def perplexity(self, req: PerplexityRequest) -> dict[str, Any]:
+        """llama-perplexity in a guest, recorded in the bench history; the result as data."""
+        ...
+
+    def prepare(self, req: ToolsRequest | LaunchRequest, *, dry_run: bool = False) -> Prepared:
+        """Make this host ready to run guests: the host tools on Linux, the podman machine on macOS."""
+        ...
+
+    def route_facts(self) -> HostFacts:
+        """What this host has for the route choice (routes.choose), read from files only."""
+        ...
+
+    def gpu_slots(self) -> int:
+        """How many GPU guests may run at once here."""
+        ...
+
 
 def platform_key(platform: str | None = None) -> str:
     """"linux" or "darwin" for this machine (or ``platform``); E033 for any other."""
@@ -97,11 +103,6 @@ def platform_key(platform: str | None = None) -> str:
     if platform.startswith("linux"):
         return "linux"
     raise WrongPlatform(f"no host for platform {platform!r}", fix="use macOS (Apple Silicon) or Linux")
-
-
-def native_is(key: str) -> bool:
-    """Whether this machine is the ``key`` host (a plan for another host may still be made here)."""
-    return platform_key() == key
 
 
 def get(key: str) -> Host:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 import platform
 import re
 import socket
@@ -18,6 +19,7 @@ from typing import Any
 
 from provision.adapters import jsonl
 from provision.bench import history, perplexity
+from provision.core import paths
 from provision.core.catalog import Stack
 from provision.core.paths import cache_dir
 
@@ -106,3 +108,37 @@ def record_perplexity(
     )
     append(record)
     return record
+
+
+# --- the bench reports `provision bench` wrote beside the history: APIR against Venus ------------
+
+
+def speedup_from_report(data: Any) -> float | None:
+    """Mean tg tokens/s of APIR over Venus in one bench report (None unless it has both)."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        return None
+    tg: dict[str, list[float]] = {"guest-apir": [], "guest-gpu": []}
+    for r in data["results"]:
+        if isinstance(r, dict) and r.get("where") in tg and str(r.get("test", "")).startswith("tg"):
+            try:
+                tg[r["where"]].append(float(r["tokens_per_s"]))
+            except (KeyError, TypeError, ValueError):
+                continue
+    apir, venus = tg["guest-apir"], tg["guest-gpu"]
+    if not apir or not venus or sum(venus) <= 0:
+        return None
+    return (sum(apir) / len(apir)) / (sum(venus) / len(venus))
+
+
+def apir_speedup_measured() -> float | None:
+    """From the newest bench report that measured both routes (the route choice's tie-breaker)."""
+    bench = paths.cache_root() / "bench"
+    reports = sorted(bench.glob("*.json"), key=lambda p: p.stat().st_mtime) if bench.is_dir() else []
+    for found_in in reversed(reports):
+        try:
+            found = speedup_from_report(json.loads(found_in.read_text()))
+        except (OSError, ValueError):
+            continue
+        if found is not None:
+            return found
+    return None

@@ -226,14 +226,16 @@ def test_an_internal_error_is_500_with_a_reference_and_no_traceback() -> None:
     from provision.api.jobs import Runner
 
     class Buggy:
-        def __init__(self, **_: object) -> None:
-            pass
+        name = "linux"
 
-        def execute(self, *_: object, **__: object) -> None:
+        def run(self, *_: object, **__: object) -> None:
             raise RuntimeError("secret detail of a bug")
 
+        def gpu_slots(self) -> int:
+            return 1
+
     lines: list[str] = []
-    runner = Runner(1, 1024, log=lines.append, backend_factory=Buggy)  # type: ignore[arg-type]
+    runner = Runner(1, 1024, log=lines.append, host=Buggy())  # type: ignore[arg-type]
     settings = Settings(Listen("127.0.0.1", 0))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

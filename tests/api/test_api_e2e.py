@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import backend as linux
+from provision.hosts.linux import facts as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from tests.api.client import Api, api_server, wait_gone
@@ -37,7 +37,7 @@ def guests() -> None:
     """Host tools and the llama-linux and cpu VM disks exist, so the tests below time boots, not builds."""
     host_tools.make()
     for name in ("llama-linux", "cpu"):
-        linux.backend().root_disk(catalog.load().get(name))
+        linux.root_disk(catalog.load().get(name))
 
 
 @pytest.fixture(scope="module")

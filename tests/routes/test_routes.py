@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from provision import hosts
 from provision.core import catalog
 from provision.core.errors import GpuNotSupported, UnknownRoute
-from provision.routes import probe
+from provision.doctor.route import check_route
+from provision.hosts import history
+from provision.hosts.linux import route_facts as probe
 from provision.routes.choose import HostFacts, RenderNode, choose, stack_for
-from provision.routes.doctor import check_route
 from tests.helpers import run_provision
 from tests.hosts.darwin.macos_fixtures import make_bundle
 
@@ -103,7 +105,7 @@ def test_probe_reads_render_nodes_drivers_nvidia_and_icds_from_a_tree(tmp_path: 
 
 
 def test_probe_finds_a_cached_cuda_build_and_a_measured_apir_speedup(empty_cache: Path) -> None:
-    assert probe.cuda_backend() is None and probe.apir_speedup_measured() is None
+    assert probe.cuda_backend() is None and history.apir_speedup_measured() is None
     build = empty_cache / "ggml" / "k1"
     (build / "bin").mkdir(parents=True)
     (build / "build.json").write_text(json.dumps({"variant": "cuda"}))
@@ -115,7 +117,7 @@ def test_probe_finds_a_cached_cuda_build_and_a_measured_apir_speedup(empty_cache
             {"where": "guest-gpu", "test": "tg16", "tokens_per_s": 20.0},
             {"where": "guest-gpu", "test": "pp256", "tokens_per_s": 900.0}]  # fmt: skip
     (empty_cache / "bench" / "llama-apir-1.json").write_text(json.dumps({"results": rows}))
-    assert probe.apir_speedup_measured() == pytest.approx(1.5)
+    assert history.apir_speedup_measured() == pytest.approx(1.5)
 
 
 # --- macOS (recorded inputs: a bundle of real libraries, the recorded machine route) ----------------
@@ -150,9 +152,9 @@ def test_macos_probe_on_a_real_bundle(tmp_path: Path, monkeypatch: pytest.Monkey
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("PROVISION_STATE", str(tmp_path / "state"))
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
-    assert probe.facts("darwin").krun_bundle is None
+    assert hosts.get("darwin").route_facts().krun_bundle is None
     make_bundle(tmp_path / ".nix-profile", apir=False)
-    f = probe.facts("darwin")
+    f = hosts.get("darwin").route_facts()
     assert f.krun_bundle == str(tmp_path / ".nix-profile" / "bin" / "krunkit") and not f.apir_bundle
     assert choose(f, STACKS, gpu=True).stack == "llama"
 
@@ -167,7 +169,7 @@ def test_macos_probe_sees_the_apir_libraries_and_the_machine_route(
     monkeypatch.setenv("PROVISION_CACHE", str(tmp_path / "cache"))
     make_bundle(tmp_path / ".nix-profile", apir=True)
     machine_state.record_route("podman-machine-default", "apir", virglrenderer=None)
-    f = probe.facts("darwin")
+    f = hosts.get("darwin").route_facts()
     assert f.apir_bundle and f.machine_route == "apir"
     assert choose(f, STACKS, gpu=True).stack == "llama-apir"
 

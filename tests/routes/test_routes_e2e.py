@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from provision import hosts
 from provision.core import catalog
 from provision.hosts.linux import tools as host_tools
-from provision.routes import choose, probe
+from provision.routes import choose
 from tests.helpers import run_provision
 from tests.hosts.linux.test_linux_e2e import tools  # noqa: F401  (the chroot and the llama-linux disk)
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_this_host_probes_as_venus_on_lavapipe(tools: host_tools.HostTools) -> None:  # noqa: F811
-    facts = probe.facts()
+    facts = hosts.native().route_facts()
     assert facts.platform == "linux"
     assert facts.render_nodes == () and not Path("/dev/dri").exists()  # this CI host has no GPU
     assert "lvp_icd.json" in facts.vulkan_icds  # from the host-tools chroot's mesa-vulkan-drivers

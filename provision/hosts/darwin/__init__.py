@@ -1,4 +1,4 @@
 """The macOS host: the krun bundle, podman machine + krunkit launch plans, run plans, serve, doctor checks.
 
-May import: core, adapters, apir, bench, hosts, serve.
+May import: core, adapters, apir, bench, hosts, routes, serve.
 """

@@ -27,6 +27,7 @@ from provision.core.errors import (
     VersionSkew,
 )
 from provision.core.isolation import GuestLimits
+from provision.hosts import RunRequest
 from provision.hosts.darwin import bundle as bundle_mod
 from provision.hosts.darwin import machine_state, versions
 from provision.hosts.darwin.bundle import KrunBundle
@@ -189,22 +190,13 @@ class DarwinBackend:
         )
         return list(plan.argv)
 
-    def run(
-        self,
-        stack: Stack,
-        gpu: bool,
-        model_path: Path | None,
-        command: Sequence[str],
-        timeout: float | None,
-        route: str | None,
-        machine: str = podman_machine.DEFAULT_MACHINE,
-    ) -> int:
-        argv = self.guest_argv(stack, gpu, model_path, command, route, machine=machine)
+    def run(self, req: RunRequest, machine: str = podman_machine.DEFAULT_MACHINE) -> int:
+        argv = self.guest_argv(req.stack, req.gpu, req.model_path, req.command, req.route, machine=machine)
         # The guest's output is the command's: straight to this terminal, not captured.
-        proc = runner.run(argv, timeout=timeout, stdout=None, stderr=None, missing_fix="install podman")
+        proc = runner.run(argv, timeout=req.deadline_s, stdout=None, stderr=None, missing_fix="install podman")
         if proc.timed_out:
             raise RunTimeout(
-                f"{' '.join(command)} did not finish within {timeout} s",
+                f"{' '.join(req.command)} did not finish within {req.deadline_s} s",
                 fix="raise --timeout, or check the GPU with `provision doctor`",
             )
         return proc.status

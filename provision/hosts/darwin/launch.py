@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from provision.adapters import lsof, podman_machine
-from provision.adapters.podman_machine import DEFAULT_MACHINE, MachineInfo
-from provision.core import values
+from provision.adapters.podman_machine import MachineInfo
 from provision.core.catalog import GPU_ROUTES
 from provision.core.errors import InvalidValue, MemoryLimit, UnknownRoute
+from provision.hosts import LaunchRequest
 from provision.hosts.darwin.bundle import GGML_METAL_REG, VIRGLRENDERER, KrunBundle
 
 ROUTES = GPU_ROUTES
-MAX_CPUS = 256  # a sanity bound for plans; a real launch is also held to this host's CPU count
 
 # Host-side variables only the APIR route sets. krunkit inherits podman's environment, so
 # a Venus launch must drop them: VIRGL_ROUTE_VENUS_TO_APIR left over in a shell breaks Venus.
@@ -37,26 +36,6 @@ VENUS_DISABLED_WARNING = (
     "VIRGL_ROUTE_VENUS_TO_APIR=1 routes the Venus capset to APIR: Vulkan/Venus is disabled on machine "
     "{machine} until it is relaunched with --route venus (needed until libkrun routes the APIR capset)"
 )
-
-
-@dataclass(frozen=True)
-class LaunchRequest:
-    route: str = "venus"
-    machine: str = DEFAULT_MACHINE
-    cpus: int | None = None
-    memory_mib: int | None = None
-    vram_mib: int | None = None
-    apir_log_dir: str | None = None
-
-    def __post_init__(self) -> None:
-        # Every value reaches the plan's shell lines or a file name: checked here, quoted there.
-        if self.route not in ROUTES:
-            raise UnknownRoute(f"route {self.route!r} is not one of {', '.join(ROUTES)}")
-        values.machine_name(self.machine)
-        values.int_range(self.cpus, "--cpus", 1, MAX_CPUS, why="vCPUs of one krunkit VM")
-        values.int_range(self.memory_mib, "--memory", 1, 1 << 20)
-        values.int_range(self.vram_mib, "--vram", 0, 1 << 20)
-        values.plain_path(self.apir_log_dir, "--apir-log-dir", absolute=True)
 
 
 @dataclass(frozen=True)

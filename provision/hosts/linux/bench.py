@@ -14,7 +14,7 @@ from pathlib import Path
 from provision.adapters import procs
 from provision.core.errors import VmFailed
 from provision.hosts.linux import tools as host_tools
-from provision.hosts.linux.backend import IN_CHROOT
+from provision.hosts.linux.runplan import IN_CHROOT
 
 BENCH_ARGS = ("-p", "256", "-n", "16", "-r", "2", "-o", "json")
 

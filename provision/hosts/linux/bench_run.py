@@ -12,9 +12,9 @@ from provision.apir import route as apir_route
 from provision.bench import report as bench
 from provision.core import catalog
 from provision.core.errors import VmFailed
-from provision.hosts import BenchRequest
-from provision.hosts.linux import backend as linux
+from provision.hosts import BenchRequest, RunRequest
 from provision.hosts.linux import bench as linux_bench
+from provision.hosts.linux import execute
 
 
 def run(req: BenchRequest) -> bench.BenchRun:
@@ -27,14 +27,14 @@ def run(req: BenchRequest) -> bench.BenchRun:
         # The same model on the Venus route, in the same invocation: APIR vs Venus vs CPU vs host.
         catalog.check_gpu(req.venus_stack, True)
         runs.append((req.venus_stack, {"guest-gpu": linux_bench.GUEST_PLACES["guest-gpu"]}))
-    backend = linux.backend()
     results: list[bench.BenchResult] = []
     outputs: list[str] = []  # raw llama-bench output, for the history's llama.cpp build
     res = None
     for run_stack, run_places in runs:
-        res, out, err = linux.capture_run(
-            backend, run_stack, True, req.model_path, linux_bench.guest_bench_command(run_places), req.timeout_s
-        )
+        res, out, err = execute.run_captured(RunRequest(
+            run_stack, True, tuple(linux_bench.guest_bench_command(run_places)), model_path=req.model_path,
+            timeout_s=req.timeout_s,
+        ))
         if res.exit_status != 0:
             raise VmFailed(
                 f"llama-bench in the {run_stack.name} guest exited {res.exit_status}: {err.strip()[-800:]}",

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from provision.core import isolation
 from provision.core.diagnostics import Check, DoctorContext
+from provision.hosts import RunRequest
 from provision.hosts.linux import guest_user
 from provision.hosts.linux.disks import RootDisk
-from provision.hosts.linux.runplan import HostFacts, RunPlan, RunRequest, plan_run
+from provision.hosts.linux.runplan import HostFacts, RunPlan, plan_run
 from provision.hosts.linux.tools import HostTools
 
 
@@ -52,7 +53,7 @@ def _sample_plans(tools: HostTools) -> dict[str, RunPlan]:
     root = RootDisk(where / "vm/root.img", where / "vm/vmlinuz", where / "vm/initrd.img", "")
     plans = {}
     for kind, gpu in (("cpu", False), ("gpu", True)):
-        req = RunRequest(stack, gpu, ("true",), isolation.DEFAULT_TIMEOUT_S)
+        req = RunRequest(stack, gpu, ("true",))
         facts = HostFacts(tools, "tcg", render_node=False, root=root, run_dir=where / "run", model_disk=where / "m.img")
         plans[kind] = plan_run(req, facts)
     return plans
@@ -64,7 +65,7 @@ def _after(argv: list[str], flag: str) -> list[str]:
 
 def plan_checks(plans: dict[str, RunPlan]) -> list[Check]:
     """What the planned QEMU command lines say about isolation (not what the docs say)."""
-    cpu, gpu = plans["cpu"].argv(), plans["gpu"].argv()
+    cpu, gpu = plans["cpu"].qemu_argv, plans["gpu"].qemu_argv
     sandboxes = {k: _after(a, "-sandbox") for k, a in (("CPU", cpu), ("GPU", gpu))}
     if all(sandboxes.values()):
         sandbox = Check("linux.isolation.sandbox", "ok", "; ".join(

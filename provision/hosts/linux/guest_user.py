@@ -89,6 +89,19 @@ def user_in_tree(root: Path) -> tuple[int, int] | None:
     return None
 
 
+def _taken(root: Path, host_etc: Path) -> list[int]:
+    users, groups = _ids(_read(root / "etc/passwd")), _ids(_read(root / "etc/group"))
+    host_users, host_groups = _ids(_read(host_etc / "passwd")), _ids(_read(host_etc / "group"))
+    return [*users.values(), *groups.values(), *host_users.values(), *host_groups.values()]
+
+
+def planned_user(root: Path, *, host_etc: Path = Path("/etc")) -> GuestUser:
+    """``krun-guest`` as ``ensure_user`` would give it, changing nothing (a dry run)."""
+    found = user_in_tree(root)
+    uid, gid = found if found is not None else (pick_id(_taken(root, host_etc)),) * 2
+    return GuestUser(GUEST_USER, uid, gid, GUEST_HOME)
+
+
 def ensure_user(root: Path, *, host_etc: Path = Path("/etc")) -> GuestUser:
     """``krun-guest`` in the tools tree at ``root``: read if there, else added (idempotent).
 
@@ -100,9 +113,7 @@ def ensure_user(root: Path, *, host_etc: Path = Path("/etc")) -> GuestUser:
     if GUEST_USER in users and GUEST_USER in groups:
         uid, gid = users[GUEST_USER], groups[GUEST_USER]
     else:
-        host_users, host_groups = _ids(_read(host_etc / "passwd")), _ids(_read(host_etc / "group"))
-        taken = [*users.values(), *groups.values(), *host_users.values(), *host_groups.values()]
-        uid = gid = pick_id(taken)
+        uid = gid = pick_id(_taken(root, host_etc))
         if GUEST_USER not in groups:
             _append_line(etc / "group", f"{GUEST_USER}:x:{gid}:")
         else:
@@ -125,11 +136,16 @@ def hand_over(paths: Iterable[Path], user: GuestUser) -> None:
         p.chmod(0o640)
 
 
-def run_user(tools_root: Path, *, is_chroot: bool, devices: Iterable[Path] = ()) -> GuestUser | None:
+def run_user(
+    tools_root: Path, *, is_chroot: bool, devices: Iterable[Path] = (), dry_run: bool = False
+) -> GuestUser | None:
     """The user QEMU and the render server run as, or None when provision is not root
-    (they then run as the invoking user) or the tools are the host's own (no tree to enter)."""
+    (they then run as the invoking user) or the tools are the host's own (no tree to enter).
+    ``dry_run``: the user the run would add, the tree left as it is."""
     if os.geteuid() != 0 or not is_chroot:
         return None
+    if dry_run:
+        return planned_user(tools_root).with_device_groups(devices)
     with locks.held(str(tools_root) + ".user.lock"):
         user = ensure_user(tools_root)
     return user.with_device_groups(devices)

@@ -13,14 +13,11 @@ the reaper, which runs as root and can signal them.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-from provision.adapters.chroot import Chroot
 from provision.hosts.linux import guest_user
 from provision.hosts.linux.guest_user import GuestUser
-
-# The files QEMU itself opens for writing (its serial logs); everything else it opens read-only.
-QEMU_WRITES = ("console.log", "stdout.log", "stderr.log")
 
 
 def guest_devices(accel: str, gpu: bool, dri: Path = Path("/dev/dri")) -> list[Path]:
@@ -30,22 +27,19 @@ def guest_devices(accel: str, gpu: bool, dri: Path = Path("/dev/dri")) -> list[P
     return devices
 
 
-def drop(
-    tools_root: Path, chroot: Chroot | None, run_dir: Path, *, accel: str, gpu: bool, terminal: str | None = None
-) -> tuple[Chroot | None, GuestUser | None]:
-    """The chroot that runs the run's programs as ``krun-guest`` (unchanged when there is no drop) and that user.
+def run_user(tools_root: Path, *, is_chroot: bool, accel: str, gpu: bool, dry_run: bool) -> GuestUser | None:
+    """Who QEMU runs as (None: provision's own user); a dry run changes nothing to find out."""
+    return guest_user.run_user(tools_root, is_chroot=is_chroot, devices=guest_devices(accel, gpu), dry_run=dry_run)
 
-    ``terminal``: a pty slave QEMU opens as a serial port (``provision shell``); it is handed
-    to the user too, since provision made it and QEMU could not open it otherwise.
-    """
-    devices = guest_devices(accel, gpu)
-    user = guest_user.run_user(tools_root, is_chroot=chroot is not None, devices=devices)
-    if user is None or chroot is None:
-        return chroot, None
-    guest_user.hand_over([run_dir / name for name in QEMU_WRITES], user)
+
+def hand_over(logs: Iterable[Path], terminal: str | None, user: GuestUser | None) -> None:
+    """Give ``user`` what QEMU writes: its serial logs (made here), and for `provision shell` the pty
+    slave it opens as a serial port (provision made it; QEMU could not open it otherwise)."""
+    if user is None:
+        return
+    guest_user.hand_over(logs, user)
     if terminal is not None:
         os.chown(terminal, user.uid, -1)  # the tty group (mode 0620) stays: only its owner may read it
-    return chroot.as_user(user.uid, user.gid, user.groups), user
 
 
 def log_fields(user: GuestUser | None) -> str:

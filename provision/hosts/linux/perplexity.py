@@ -7,19 +7,17 @@ result is appended to the bench history like a bench's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from provision.bench import perplexity
-from provision.core import catalog
 from provision.core import pins as pins_mod
-from provision.core.catalog import Stack
 from provision.core.errors import InvalidValue, VmFailed
+from provision.hosts import PerplexityRequest, RunRequest
 from provision.hosts import history as host_history
-from provision.hosts.linux import backend as linux
 from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux import execute
 
 MAX_TEXT_BYTES = 256 << 20
 
@@ -41,30 +39,20 @@ def check_text(text: Path | None) -> Path:
     return path.resolve()
 
 
-def measure(
-    stack: Stack,
-    gpu: bool,
-    resolve_model: Callable[[], Path],
-    label: str,
-    *,
-    text: Path | None = None,
-    ctx: int = perplexity.DEFAULT_CTX,
-    chunks: int = perplexity.DEFAULT_CHUNKS,
-    timeout: float = 900,
-    route: str | None = None,
-) -> dict[str, Any]:
-    """Run llama-perplexity in a guest of ``stack`` and record it; the result as data. Every check
-    comes before ``resolve_model`` (which may download) and before any guest starts."""
-    catalog.check_gpu(stack, gpu)  # no silent CPU fallback, before anything else
-    catalog.check_route(stack, route)
+def measure(req: PerplexityRequest) -> dict[str, Any]:
+    """Run llama-perplexity in a guest of ``req.stack`` and record it; the result as data. Every check
+    (the request's device rules first) comes before ``resolve_model`` (which may download) and before
+    any guest starts."""
+    stack, gpu, ctx, chunks, label = req.stack, req.gpu, req.ctx, req.chunks, req.label
     perplexity.check_numbers(ctx, chunks)
     perplexity.check_tool(stack, pins_mod.default().debian.get("tool_packages", {}))
-    text_path = check_text(text)
-    model = resolve_model()
+    text_path = check_text(req.text)
+    model = req.resolve_model()
     command = perplexity.guest_command(stack, gpu, f"{vmdisk.MODEL_MOUNT}/{perplexity.TEXT_NAME}", ctx, chunks)
-    res, out, err = linux.capture_run(
-        linux.backend(), stack, gpu, model, command, timeout, model_extras={perplexity.TEXT_NAME: text_path}
-    )
+    res, out, err = execute.run_captured(RunRequest(
+        stack, gpu, tuple(command), model_path=model, route=req.route, timeout_s=req.timeout_s,
+        model_extras=((perplexity.TEXT_NAME, text_path),),
+    ))
     if res.exit_status != 0:
         short = perplexity.too_short(out + err)  # the user's to fix (a longer text), not a guest failure
         if short is not None:

@@ -1,4 +1,4 @@
-"""`provision serve` on Linux: a LinuxBackend run in a worker thread, its NIC forwarding only the port.
+"""`provision serve` on Linux: one guest run in a worker thread, its NIC forwarding only the port.
 
 Stopping SIGTERMs QEMU, and the run's own cleanup (render server, GPU slot, reaping) then happens in the
 worker exactly as on Ctrl-C.
@@ -12,28 +12,38 @@ from pathlib import Path
 from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
+from provision.hosts import Forward, RunIO, RunRequest
 from provision.hosts.linux.shell import terminate
+from provision.hosts.requests import LONGEST_RUN_S
 from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
 
-# A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
-SERVE_LIMIT_S = 30 * 24 * 3600.0
+# A run's deadline is also a serve's.
+SERVE_LIMIT_S = LONGEST_RUN_S
+
+
+def run_request(req: ServeRequest) -> RunRequest:
+    """The guest run that serves ``req``: llama-server, the one published port, a bounded slot wait."""
+    return RunRequest(
+        req.stack,
+        req.gpu,
+        tuple(server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel)),
+        model_path=req.model_path,
+        model_name=req.model,
+        route=req.route,
+        timeout_s=SERVE_LIMIT_S,
+        forward=Forward(req.host, req.port, GUEST_PORT),
+        slot_wait_s=req.wait_s,
+    )
 
 
 class LinuxGuest:
-    """A LinuxBackend run in a worker thread. Stopping SIGTERMs QEMU: the run's own cleanup
+    """A guest run in a worker thread. Stopping SIGTERMs QEMU: the run's own cleanup
     (render server, GPU slot, reaping) then happens in the worker, exactly as on Ctrl-C."""
 
     def __init__(self, req: ServeRequest, *, out: BinaryIO, err: BinaryIO) -> None:
-        from provision.adapters import qemu
-        from provision.hosts.linux.backend import LinuxBackend
-
         self.req = req
-        self.backend = LinuxBackend(
-            forward=qemu.Forward(req.host, req.port, GUEST_PORT),
-            on_start=self._started,
-            slot_wait_s=req.wait_s,
-        )
-        self.out, self.err = out, err
+        self.run_req = run_request(req)  # checked here, before any thread starts
+        self.io = RunIO(out=out, err=err, on_start=self._started)
         self.qemu_pid: int | None = None
         self.run_dir: Path | None = None
         self._booted: float | None = None
@@ -47,21 +57,10 @@ class LinuxGuest:
         self._thread.start()
 
     def _run(self) -> None:
-        req = self.req
-        command = server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel)
+        from provision.hosts.linux import execute
+
         try:
-            res = self.backend.execute(
-                req.stack,
-                req.gpu,
-                req.model_path,
-                command,
-                SERVE_LIMIT_S,
-                req.route,
-                stdout=self.out,
-                stderr=self.err,
-                model_name=req.model,
-            )
-            self._status = res.exit_status
+            self._status = execute.run(self.run_req, self.io).exit_status
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             self._error = exc
 

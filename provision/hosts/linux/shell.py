@@ -21,14 +21,15 @@ import termios
 import threading
 import tty
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
-from provision.core.catalog import Stack
 from provision.core.errors import VmFailed
-from provision.hosts.linux.backend import LinuxBackend
+from provision.hosts import RunIO, RunRequest
 
 ESCAPE = b"\x1d"  # Ctrl-]
 GUEST_TTY = "/dev/ttyS1"
+PLANNED_TERMINAL = "/dev/pts/made-at-run-time"  # what a dry run shows for the pty provision makes
 
 
 def terminate(pid: int) -> None:
@@ -107,15 +108,17 @@ class Relay:
         self._thread.join(timeout=5)
 
 
-def run_shell(
-    stack: Stack,
-    gpu: bool,
-    model_path: Path | None,
-    model_name: str | None,
-    route: str | None,
-    timeout: float | None,
-) -> int:
+def shell_request(req: RunRequest, terminal: str) -> RunRequest:
+    """The guest run of a shell: its command sized to this terminal, its ttyS1 the pty ``terminal``."""
+    size = shutil.get_terminal_size((80, 24))
+    command = shell_command(os.environ.get("TERM", "vt100"), size.lines, size.columns)
+    return replace(req, command=tuple(command), terminal=terminal)
+
+
+def run_shell(req: RunRequest) -> int:
     """The guest's shell on this terminal; returns the shell's exit status."""
+    from provision.hosts.linux import execute
+
     master, slave = os.openpty()
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()
     qemu_pid: list[int] = []
@@ -130,17 +133,15 @@ def run_shell(
         if relay.escaped.is_set():
             terminate(pid)
 
-    backend = LinuxBackend(terminal=os.ttyname(slave), log=say, on_start=started)
-    size = shutil.get_terminal_size((80, 24))
-    command = shell_command(os.environ.get("TERM", "vt100"), size.lines, size.columns)
-    say(f"shell in a {stack.name} guest{' with the GPU' if gpu else ''}; `exit` or Ctrl-] leaves")
+    shell_req = shell_request(req, os.ttyname(slave))
+    say(f"shell in a {req.stack.name} guest{' with the GPU' if req.gpu else ''}; `exit` or Ctrl-] leaves")
     watcher = threading.Thread(target=_stop_on_escape, args=(relay, qemu_pid), daemon=True)
     try:
         with raw_terminal(stdin):
             relay.start()
             watcher.start()
             try:
-                result = backend.execute(stack, gpu, model_path, command, timeout, route, model_name=model_name)
+                result = execute.run(shell_req, RunIO(on_start=started, say=say))
             except VmFailed:
                 if relay.escaped.is_set():
                     say("left the shell (Ctrl-]); the guest was stopped")

@@ -12,7 +12,7 @@ from provision.core import catalog
 from provision.core.diagnostics import Check
 from provision.hosts.linux import bundle, bundle_archive, disks
 from provision.hosts.linux import tools as host_tools
-from provision.hosts.linux.backend import image_for
+from provision.hosts.linux.facts import image_for
 
 
 def install(archive: Path, to: Path | None) -> tuple[dict[str, Any], list[Check]]:

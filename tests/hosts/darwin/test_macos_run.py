@@ -178,24 +178,25 @@ def test_route_is_recorded_atomically(tmp_path, monkeypatch):
 
 
 def test_darwin_backend_checks_gpu_then_route_then_image(tmp_path, monkeypatch):
+    from provision.hosts import RunRequest
     from provision.hosts.darwin.backend import DarwinBackend
     from provision.hosts.darwin.machine_state import record_route
 
     monkeypatch.setenv("PROVISION_STATE", str(tmp_path))
     b = DarwinBackend()
     with pytest.raises(errors.GpuNotSupported):
-        b.run(CAT.get("cpu"), True, None, ["true"], None, None)
+        b.run(RunRequest(CAT.get("cpu"), True, ("true",)))
     with pytest.raises(errors.UnknownRoute) as exc:
-        b.run(CAT.get("llama"), True, None, ["true"], None, None)
+        b.run(RunRequest(CAT.get("llama"), True, ("true",)))
     assert "provision launch --route venus" in (exc.value.fix or "")
     record_route("podman-machine-default", "apir", virglrenderer=None)
     with pytest.raises(errors.UnknownRoute):
-        b.run(CAT.get("llama"), True, None, ["true"], None, None)  # APIR routing would hide Venus
+        b.run(RunRequest(CAT.get("llama"), True, ("true",)))  # APIR routing would hide Venus
     record_route("podman-machine-default", "venus", virglrenderer=None)
     # Route fits; the image comes from real `podman images`: a stack name nothing ever built.
     import dataclasses
 
     never_built = dataclasses.replace(CAT.get("llama"), name="krun-gpu-test-never-built")
     with pytest.raises(errors.ImageBuildFailed) as exc:
-        b.run(never_built, True, None, ["true"], None, None)
+        b.run(RunRequest(never_built, True, ("true",)))
     assert exc.value.fix == "provision image build krun-gpu-test-never-built"

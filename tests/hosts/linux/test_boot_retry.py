@@ -1,4 +1,4 @@
-"""carry_out boots a guest once more when its init never started, and only a second hang is E024.
+"""execute boots a guest once more when its init never started, and only a second hang is E024.
 
 The boot is the real watch loop over a real process standing in for QEMU (nothing on the console
 for the first, the init's lines for the second): what cannot be made here on purpose is the rare
@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 
 from provision.core.errors import VmFailed
-from provision.hosts.linux import backend, run_dirs, watch
+from provision.hosts import RunIO, RunResult
+from provision.hosts.linux import execute, run_dirs, watch
 
 BOOTED = "printf 'KRUN-INIT up=1\\nKRUN-EXIT=7\\n' > console.log; sleep 600"
 
@@ -24,13 +25,13 @@ BOOTED = "printf 'KRUN-INIT up=1\\nKRUN-EXIT=7\\n' > console.log; sleep 600"
 def _fake_boot(run_dir: Path, scripts: list[str], pids: list[int]):
     """A boot as _boot does it, QEMU replaced by ``sh -c`` of the next script; the real watch decides."""
 
-    def boot(plan, deadline, out, err, **_kw):
+    def boot(plan, deadline, io, **_kw):
         (run_dir / "qemu.log").write_text(f"boot {len(pids) + 1}\n")
         proc = subprocess.Popen(["sh", "-c", scripts.pop(0)], cwd=run_dir, start_new_session=True)
         pids.append(proc.pid)
         try:
-            status = watch.watch(proc, run_dir, deadline, out, err, boot_s=1.0)
-            return backend.RunResult(status, run_dir, proc.pid, 0.0, "tcg")
+            status = watch.watch(proc, run_dir, deadline, io.out, io.err, boot_s=1.0)
+            return RunResult(status, run_dir, proc.pid, 0.0, "tcg")
         finally:
             proc.kill()
             proc.wait()
@@ -48,11 +49,11 @@ def test_a_boot_whose_init_never_started_is_booted_once_more(tmp_path: Path, mon
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pids: list[int] = []
-    monkeypatch.setattr(backend, "_boot", _fake_boot(run_dir, ["sleep 600", BOOTED], pids))
+    monkeypatch.setattr(execute, "_boot", _fake_boot(run_dir, ["sleep 600", BOOTED], pids))
     said: list[str] = []
     start = time.monotonic()
-    result = backend.carry_out(_plan(run_dir), io.BytesIO(), io.BytesIO(), log=said.append)
-    assert result.exit_status == 7 and result.qemu_pid == pids[1] and len(pids) == 2
+    result = execute.execute(_plan(run_dir), RunIO(io.BytesIO(), io.BytesIO(), say=said.append))
+    assert result.exit_status == 7 and result.pid == pids[1] and len(pids) == 2
     assert 1.0 <= time.monotonic() - start < 20
     (line,) = said
     assert "init never started" in line and "booting it once more" in line and str(run_dir / "boot-1") in line
@@ -66,9 +67,9 @@ def test_a_second_hang_is_e024_naming_both_boots(tmp_path: Path, monkeypatch: py
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     pids: list[int] = []
-    monkeypatch.setattr(backend, "_boot", _fake_boot(run_dir, ["sleep 600", "sleep 600", BOOTED], pids))
+    monkeypatch.setattr(execute, "_boot", _fake_boot(run_dir, ["sleep 600", "sleep 600", BOOTED], pids))
     with pytest.raises(VmFailed) as info:
-        backend.carry_out(_plan(run_dir), io.BytesIO(), io.BytesIO(), log=lambda _line: None)
+        execute.execute(_plan(run_dir), RunIO(io.BytesIO(), io.BytesIO(), say=lambda _line: None))
     assert info.value.code == "E024" and len(pids) == 2  # twice, not a third time
     assert "init never started" in info.value.message and str(run_dir / "boot-1") in info.value.message
     assert "provision doctor" in info.value.fix
@@ -82,9 +83,9 @@ def test_logs_that_cannot_be_set_aside_end_in_e024_not_a_second_boot(
     run_dir.mkdir()
     (run_dir / "boot-1").write_text("in the way\n")  # mkdir fails as it would on a full disk
     pids: list[int] = []
-    monkeypatch.setattr(backend, "_boot", _fake_boot(run_dir, ["sleep 600", BOOTED], pids))
+    monkeypatch.setattr(execute, "_boot", _fake_boot(run_dir, ["sleep 600", BOOTED], pids))
     with pytest.raises(VmFailed) as info:
-        backend.carry_out(_plan(run_dir), io.BytesIO(), io.BytesIO(), log=lambda _line: None)
+        execute.execute(_plan(run_dir), RunIO(io.BytesIO(), io.BytesIO(), say=lambda _line: None))
     assert info.value.code == "E024" and len(pids) == 1  # no second boot over the first one's logs
     assert "could not be set aside" in info.value.message and "File exists" in info.value.message
     assert str(run_dir) in info.value.fix

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import backend as linux
 from provision.hosts.linux import bundle, bundle_archive
+from provision.hosts.linux import facts as linux
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import run_provision
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     host_tools.make()
-    linux.backend().root_disk(catalog.load().get("llama-linux"))
+    linux.root_disk(catalog.load().get("llama-linux"))
     out = tmp_path_factory.mktemp("bundle") / "host-tools.tar.zst"
     proc = run_provision("host-tools", "--bundle", str(out), "--json", timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]

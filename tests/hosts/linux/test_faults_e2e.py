@@ -31,7 +31,7 @@ import pytest
 
 from provision.adapters import procs
 from provision.core import catalog
-from provision.hosts.linux import backend as linux
+from provision.hosts.linux import facts as linux
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import catalog_file_with
@@ -78,7 +78,7 @@ class Lane:
 def shared() -> tuple[Path, Path]:
     """The shared host-tools chroot and the llama-linux VM disk directory (made when missing)."""
     tools = host_tools.make()
-    disk = linux.backend().root_disk(catalog.load().get("llama-linux"))
+    disk = linux.root_disk(catalog.load().get("llama-linux"))
     return tools.root, disk.directory
 
 

@@ -134,8 +134,9 @@ OWNER = textwrap.dedent(
 
     root, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     master, slave = os.openpty()
-    ch, user = isolation.drop(root, Chroot(root).with_binds({run_dir: "/mnt/krun/run"}), run_dir,
-                              accel="tcg", gpu=False, terminal=os.ttyname(slave))
+    user = isolation.run_user(root, is_chroot=True, accel="tcg", gpu=False, dry_run=False)
+    isolation.hand_over([run_dir / n for n in ("console.log", "stdout.log", "stderr.log")], os.ttyname(slave), user)
+    ch = Chroot(root).with_binds({run_dir: "/mnt/krun/run"}).as_user(user.uid, user.gid, user.groups)
     p = procs.spawn(ch.argv(["sh", "-c", "sleep 300 & echo $! > /mnt/krun/run/console.log; wait"]), run_dir, "qemu",
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = run_dir / "console.log"

@@ -26,7 +26,7 @@ import pytest
 from provision.bench import history
 from provision.core import catalog, isolation
 from provision.hosts import history as host_history
-from provision.hosts.linux import backend as linux
+from provision.hosts.linux import facts as linux
 from provision.hosts.linux import perplexity as linux_perplexity
 from provision.hosts.linux import slots
 from provision.hosts.linux import tools as host_tools
@@ -56,7 +56,7 @@ def qemu_pid(stderr: str) -> int:
 def tools() -> Iterator[host_tools.HostTools]:
     """The host-tools chroot, made while the image builds (both mostly wait on the network)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        image_job = pool.submit(linux.backend().root_disk, catalog.load().get("llama-linux"))
+        image_job = pool.submit(linux.root_disk, catalog.load().get("llama-linux"))
         made = host_tools.make()
         image_job.result()
     yield made

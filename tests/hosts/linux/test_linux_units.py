@@ -17,8 +17,8 @@ from provision.bench import report as bench
 from provision.core import catalog, settings
 from provision.core.errors import BenchGateFailed, GpuSlotTimeout
 from provision.hosts.linux import accel, slots
-from provision.hosts.linux import backend as linux
 from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux import runplan as linux
 from tests.helpers import run_provision
 
 PVM_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep avx2 bmi2 hypervisor\n"
@@ -275,22 +275,34 @@ def test_host_tools_steps_stream_their_output_and_name_a_failure() -> None:
     assert "exited 3" in exc.value.message and "building" in exc.value.message
 
 
-def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(tmp_path: Path) -> None:
-    # `provision bench llama-apir-linux` runs the APIR guest, then the Venus guest on one backend:
+def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `provision bench llama-apir-linux` runs the APIR guest, then the Venus guest in one process:
     # VIRGL_ROUTE_VENUS_TO_APIR carried over would route the Venus guest to APIR (no Vulkan0).
+    import dataclasses
+
+    from provision.hosts import RunRequest
     from provision.hosts.linux import apir_host
+    from provision.hosts.linux import facts as linux_facts
     from provision.hosts.linux import tools as host_tools
 
     (tmp_path / apir_host.STAMP).write_text("{}")
     tools = host_tools.HostTools(tmp_path, "cache")
+    monkeypatch.setattr(linux_facts, "_tools", lambda _stack, _gpu: tools)
     cat = catalog.load()
-    root = linux.vmdisk.RootDisk(tmp_path / "root.img", tmp_path / "vmlinuz", tmp_path / "initrd", "")
-    apir = linux._facts(tools, cat.get("llama-apir-linux"), True, root, tmp_path, None)
-    venus = linux._facts(tools, cat.get("llama-linux"), True, root, tmp_path, None)
+    apir_req = RunRequest(cat.get("llama-apir-linux"), True, ("true",))
+    apir = linux_facts.gather(apir_req, dry_run=True)
+    venus = linux_facts.gather(RunRequest(cat.get("llama-linux"), True, ("true",)), dry_run=True)
     assert apir.route_env["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and apir.watch_workers
     assert "VIRGL_ROUTE_VENUS_TO_APIR" not in venus.route_env and not venus.watch_workers
-    # The hook fields nobody set are gone: a plan is all a run reads.
-    assert not {"routes", "qemu_env", "extra_binds", "watch_workers"} & set(vars(linux.LinuxBackend()))
+    # Nothing to set between runs: the request and the plan are frozen, and a plan is all a run reads.
+    plan = linux.plan_run(apir_req, apir)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        apir_req.gpu = False  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.env = ()  # type: ignore[misc]
+    assert dict(plan.env)["VIRGL_ROUTE_VENUS_TO_APIR"] == "1"
 
 
 @pytest.mark.root

@@ -13,8 +13,9 @@ import pytest
 
 from provision.core import catalog
 from provision.core.errors import ImageBuildFailed
-from provision.hosts.linux import backend as linux
-from provision.hosts.linux import disks, minimal
+from provision.hosts import RunIO, RunRequest
+from provision.hosts.linux import disks, execute, minimal
+from provision.hosts.linux import facts as linux
 
 
 def cpio_names(data: bytes) -> dict[str, tuple[int, bytes]]:
@@ -68,20 +69,21 @@ def test_initrd_names_a_missing_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_minimal_venus_disk_boots_and_lists_venus_without_lavapipe(tmp_path: Path) -> None:
+def test_the_minimal_venus_disk_boots_and_lists_venus_without_lavapipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stack = catalog.load().get("llama-linux")
-    backend = linux.backend()
-    full = backend.root_disk(stack)
+    full = linux.root_disk(stack)
     small = minimal.make(full, tmp_path / "min", stack.name)
     meta = json.loads((tmp_path / "min/disk.json").read_text())
     assert small.initrd.stat().st_size < 2 * 2**20 < full.initrd.stat().st_size
     assert meta["root_bytes"] < full.disk.stat().st_blocks * 512 / 2
-    backend.root_disk = lambda _stack: small  # type: ignore[method-assign]
+    monkeypatch.setattr(linux, "root_disk", lambda _stack: small)
     out = tmp_path / "out"
     with out.open("wb") as sink:
-        result = backend.execute(stack, True, None, [
+        result = execute.run(RunRequest(stack, True, (
             "sh", "-c", "llama-bench --list-devices; ls /usr/lib/x86_64-linux-gnu | grep -c -E 'LLVM|lvp' || true",
-        ], 900, stdout=sink)
+        ), timeout_s=900), RunIO(out=sink))
     text = out.read_text()
     assert result.exit_status == 0, text
     assert re.search(r"Vulkan0: Virtio-GPU Venus \(llvmpipe", text), text

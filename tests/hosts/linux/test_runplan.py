@@ -10,6 +10,7 @@ import pytest
 
 from provision.adapters import qemu
 from provision.core import catalog, isolation
+from provision.hosts import RunRequest
 from provision.hosts.linux import runplan
 from provision.hosts.linux import tools as host_tools
 from provision.hosts.linux.disks import RootDisk
@@ -24,13 +25,13 @@ def _facts(tmp_path: Path, tools: host_tools.HostTools, **kw: object) -> runplan
 
 def test_the_same_request_and_facts_give_the_same_frozen_plan(tmp_path: Path) -> None:
     stack = catalog.load().get("llama-linux")
-    req = runplan.RunRequest(stack, True, ("vulkaninfo", "--summary"), 60.0, memory_mib=3000)
+    req = RunRequest(stack, True, ("vulkaninfo", "--summary"), isolation.GuestLimits(memory_mib=3000), timeout_s=60.0)
     tools = host_tools.HostTools(tmp_path / "sid", "cache")
     one = runplan.plan_run(req, _facts(tmp_path, tools))
     assert one == runplan.plan_run(req, _facts(tmp_path, tools))
     with pytest.raises(dataclasses.FrozenInstanceError):
         one.accel = "kvm"  # type: ignore[misc]
-    argv = one.argv()
+    argv = one.qemu_argv
     # Paths are as QEMU sees them inside the tools chroot; the binds say where they come from.
     assert dict(one.binds) == {tmp_path / "run": runplan.IN_CHROOT["run"], tmp_path / "vm": runplan.IN_CHROOT["vm"]}
     assert f"file={runplan.IN_CHROOT['vm']}/root.img" in " ".join(argv)
@@ -41,14 +42,14 @@ def test_the_same_request_and_facts_give_the_same_frozen_plan(tmp_path: Path) ->
 
 def test_an_apir_plan_carries_its_qemu_environment_and_watches_workers(tmp_path: Path) -> None:
     stack = catalog.load().get("llama-apir-linux")
-    req = runplan.RunRequest(stack, True, ("true",), 60.0)
+    req = RunRequest(stack, True, ("true",), timeout_s=60.0)
     env = {"VIRGL_ROUTE_VENUS_TO_APIR": "1", "LD_LIBRARY_PATH": "/opt/virgl-apir/lib"}
     plan = runplan.plan_run(req, _facts(tmp_path, host_tools.HostTools(Path("/"), "host"), route_env=env,
                                         watch_workers=True))
     assert dict(plan.env)["VIRGL_ROUTE_VENUS_TO_APIR"] == "1" and plan.watch_workers
-    assert plan.binds == () and plan.chroot() is None
+    assert plan.binds == () and plan.root == Path("/") and plan.inherit_env and plan.user is None
     assert "export VIRGL_ROUTE_VENUS_TO_APIR=1" in plan.shell()
-    cpu = runplan.plan_run(runplan.RunRequest(stack, False, ("true",), 60.0), _facts(tmp_path, plan.tools))
+    cpu = runplan.plan_run(RunRequest(stack, False, ("true",), timeout_s=60.0), _facts(tmp_path, plan.tools))
     assert cpu.spec.display == "none" and qemu.argv(cpu.spec)[qemu.argv(cpu.spec).index("-sandbox") + 1] == (
         isolation.SANDBOX_FULL)
 
@@ -63,8 +64,9 @@ def test_run_dry_run_prints_the_plan_and_starts_nothing(empty_cache: Path, monke
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert lines[0] == "# provision run llama-linux: route venus, accel tcg, display sdl"
-    qemu_line = next(line for line in lines if line.startswith(qemu.BINARY))
+    qemu_line = next(line for line in lines if line.split(" ", 1)[0].endswith(qemu.BINARY))
     argv = shlex.split(qemu_line)
+    assert argv[0] == str(top / "usr/bin" / qemu.BINARY)  # the bundle's own QEMU, as it will be started
     assert argv[argv.index("-m") + 1] == "3072" and "-accel" in argv and "tcg,thread=multi" in argv
     assert "#   exec echo 'a b'" in lines
     assert str(top) in lines[1]

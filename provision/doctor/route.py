@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from provision import hosts
 from provision.core import catalog
 from provision.core.diagnostics import Check, DoctorContext
 from provision.core.errors import ProvisionError
-from provision.routes import probe
 from provision.routes.choose import HostFacts, choose
 
 
@@ -22,4 +22,4 @@ def check_route(facts: HostFacts, stacks: dict[str, catalog.Stack]) -> Check:
 
 
 def route_checks(ctx: DoctorContext) -> list[Check]:
-    return [check_route(probe.facts(ctx.platform), catalog.load().stacks)]
+    return [check_route(hosts.get(ctx.platform).route_facts(), catalog.load().stacks)]
