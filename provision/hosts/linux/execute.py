@@ -110,7 +110,7 @@ def _boot(
                 run_dir,
                 "qemu",
                 keep_fds=keep_fds,
-                cwd=plan.cwd,
+                cwd=run_dir,
                 stdin=procs.DEVNULL,
                 stdout=qlog,
                 stderr=procs.STDOUT,

@@ -35,7 +35,9 @@ class LinuxHost:
         from provision.hosts.linux import execute
 
         plan = execute.plan(req, dry_run=True)
-        return {"host": self.name, **plan.as_dict(), "limits": req.limits.as_dict(), "shell": plan.shell()}
+        model = str(req.model_path) if req.model_path else None  # the file the model disk will hold
+        return {"host": self.name, **plan.as_dict(), "model": model, "limits": req.limits.as_dict(),
+                "shell": plan.shell()}  # fmt: skip
 
     def run(self, req: RunRequest, io: RunIO | None = None) -> RunResult:
         from provision.hosts.linux import execute

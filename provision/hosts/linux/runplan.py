@@ -75,7 +75,9 @@ class RunPlan:
 
     @property
     def cwd(self) -> Path:
-        return self.run_dir
+        """QEMU's working directory as it sees it: the run's, or in the chroot its root (chroot changes
+        there); provision starts the wrapper in the run directory either way."""
+        return self.run_dir if self.inherit_env else Path("/")
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -107,7 +109,7 @@ class RunPlan:
         who = f"{self.user.name} ({self.user.uid})" if self.user else "provision's user"
         lines = [f"# provision run {self.stack}: route {self.route}, accel {self.accel}, display {self.display}",
                  f"# tools {self.tools.root} ({self.tools.source}); QEMU runs as {who} in root {self.root}",
-                 f"cd {shlex.quote(str(self.cwd))}"]  # fmt: skip
+                 f"cd {shlex.quote(str(self.run_dir))}"]  # fmt: skip
         if self.inherit_env:
             lines += [f"export {k}={shlex.quote(v)}" for k, v in self.env]
         else:
