@@ -156,18 +156,18 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
     """setting -> (a value, what the module that uses it reads, what it should read)."""
     from provision.adapters import podman
     from provision.core import catalog, layout, paths
+    from provision.hosts import RunRequest
     from provision.hosts.linux import accel, apir_host, slots
-    from provision.hosts.linux import backend as linux
-    from provision.hosts.linux import disks as vmdisk
+    from provision.hosts.linux import facts as linux
     from provision.hosts.linux import tools as host_tools
     from provision.images import build as images
     from provision.models import download, fetch, shortnames
 
     monkeypatch.setattr(podman, "probe_host", lambda: podman.HostFacts("cgroup2fs", True, False))
+    monkeypatch.setattr(linux, "_tools", lambda _stack, _gpu: host_tools.HostTools(tmp, "host"))
     (tmp / "dev").mkdir(exist_ok=True)
     (tmp / "dev/kvm").touch()
     stack = catalog.load().get("llama-linux")
-    disk = vmdisk.RootDisk(tmp / "root.img", tmp / "vmlinuz", tmp / "initrd.img", "")
     return {
         "cache": (str(tmp / "c"), paths.cache_root, tmp / "c"),
         "state": (str(tmp / "s"), paths.state_root, tmp / "s"),
@@ -175,8 +175,8 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
         "host_tools": (str(tmp), lambda: host_tools.locate().root, tmp),  # type: ignore[union-attr]
         "accel": ("kvm", lambda: accel.for_run(root=tmp).accel, "kvm"),
         "gpu_slots": ("5", slots.slot_count, 5),
-        "guest_debug": ("1", lambda: linux._facts(host_tools.HostTools(tmp, "host"), stack, False, disk, tmp,
-                                                  None).guest_debug, True),  # fmt: skip
+        "guest_debug": ("1", lambda: linux.gather(RunRequest(stack, False, ("true",)), dry_run=True).guest_debug,
+                        True),  # fmt: skip
         "apir_host_ggml": (str(tmp), apir_host.own_ggml, tmp),
         "stall_s": ("0.5", download.stall_seconds, 0.5),
         "podman_isolation": ("oci", lambda: images.host_flags().isolation, "oci"),

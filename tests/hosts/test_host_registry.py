@@ -11,7 +11,8 @@ import pytest
 from provision import hosts
 from provision.core import catalog, errors
 
-OPERATIONS = ("plan_run", "run", "serve_guest", "shell", "doctor_checks", "bench")
+OPERATIONS = ("plan_run", "run", "plan_serve", "serve_guest", "plan_shell", "shell", "doctor_checks", "bench",
+              "perplexity", "prepare", "route_facts", "gpu_slots")
 CLI = Path(hosts.__file__).resolve().parents[1] / "cli"
 
 
@@ -46,3 +47,15 @@ def test_a_linux_run_plan_is_data_and_refuses_a_gpu_on_a_cpu_stack_first() -> No
     assert "vulkaninfo --summary" in str(plan["job"]) and plan["limits"]["timeout_s"] == req.limits.timeout_s
     with pytest.raises(errors.GpuNotSupported):
         host.plan_run(hosts.RunRequest(cat.get("cpu"), True, ("true",)))
+
+
+def test_each_host_prepares_its_own_kind_and_names_the_other_wrong_platform() -> None:
+    linux, darwin = hosts.get("linux"), hosts.get("darwin")
+    with pytest.raises(errors.WrongPlatform, match="host-tools"):
+        darwin.prepare(hosts.ToolsRequest(check=True))
+    with pytest.raises(errors.WrongPlatform, match="provision launch"):
+        linux.prepare(hosts.LaunchRequest())
+    # the macOS plan is made anywhere: `provision launch --dry-run` reviews it before it runs on the Mac
+    with pytest.raises(errors.ProvisionError) as info:
+        darwin.prepare(hosts.LaunchRequest(krun=Path("/nonexistent-krun")), dry_run=True)
+    assert info.value.code != "E033"  # it looked for the bundle: not refused for the platform

@@ -38,7 +38,7 @@ class InitNeverStarted(Exception):
     """The guest said nothing on its console within the boot limit; QEMU is stopped.
 
     Not yet an error with a code: its init never ran, so nothing of the job happened and every
-    disk is read-only; the run may boot it once more (backend.carry_out does), and only a
+    disk is read-only; the run may boot it once more (execute.execute does), and only a
     second hang is E024.
     """
 

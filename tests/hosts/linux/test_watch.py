@@ -104,7 +104,7 @@ def test_a_silent_guest_runs_to_its_deadline(tmp_path: Path, qemu) -> None:
 
 def test_a_guest_whose_init_never_starts_is_stopped_at_the_boot_limit(tmp_path: Path, qemu) -> None:
     start = time.monotonic()
-    with pytest.raises(watch.InitNeverStarted) as info:  # carry_out boots once more (test_boot_retry.py)
+    with pytest.raises(watch.InitNeverStarted) as info:  # execute boots once more (test_boot_retry.py)
         watch.watch(qemu, tmp_path, start + 60, io.BytesIO(), io.BytesIO(), boot_s=1.0)
     assert 1.0 <= time.monotonic() - start < 8 and "init never started" in str(info.value)
     assert qemu.poll() is not None  # QEMU was stopped
