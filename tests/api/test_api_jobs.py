@@ -85,3 +85,37 @@ class Sink:
 
     def flush(self) -> None:
         pass
+
+
+def test_a_job_starts_when_the_host_says_its_vm_started_not_when_a_log_line_reads_so(tmp_path: Path) -> None:
+    """The host's on_start (a second boot included) makes the one "started" event; the progress text
+    the run logs is only logged."""
+    from provision.api.jobs import JobSpec, Runner
+    from provision.hosts import RunIO, RunRequest, RunResult
+
+    seen: list[RunRequest] = []
+
+    class Host:
+        name = "linux"
+
+        def run(self, req: RunRequest, io: RunIO) -> RunResult:
+            seen.append(req)
+            assert io.say is not None and io.on_start is not None and io.out is not None
+            io.say("qemu pid=999 accel=tcg")  # a log line, not a start
+            io.on_start(4242, tmp_path)
+            io.on_start(4343, tmp_path)  # booted once more: still one start
+            io.out.write(b"hello\n")
+            return RunResult(0, tmp_path, 4343, 0.5, "tcg")
+
+    events: list[dict[str, object]] = []
+    logged: list[str] = []
+    runner = Runner(1, 1024, log=logged.append, host=Host())  # type: ignore[arg-type]
+    job = runner.submit(JobSpec(catalog.load().get("cpu"), False, "echo hello", 60.0), events.append)
+    assert job.done.wait(30)
+    started = [e for e in events if e["event"] == "started"]
+    assert [e["qemu_pid"] for e in started] == [4242]
+    assert any("qemu pid=999" in line for line in logged)
+    (req,) = seen
+    assert req.command[:2] == ("sh", "-c") and req.command[-1] == "echo hello" and req.timeout_s <= 60.0
+    final = events[-1]
+    assert final["event"] == "exit" and final["stdout"] == "hello\n" and final["qemu_pid"] == 4343

@@ -59,3 +59,17 @@ def test_each_host_prepares_its_own_kind_and_names_the_other_wrong_platform() ->
     with pytest.raises(errors.ProvisionError) as info:
         darwin.prepare(hosts.LaunchRequest(krun=Path("/nonexistent-krun")), dry_run=True)
     assert info.value.code != "E033"  # it looked for the bundle: not refused for the platform
+
+
+def test_a_run_request_checks_itself_where_it_is_made() -> None:
+    cat = catalog.load()
+    with pytest.raises(errors.GpuNotSupported):
+        hosts.RunRequest(cat.get("cpu"), True, ("true",))
+    with pytest.raises(errors.UnknownRoute):
+        hosts.RunRequest(cat.get("llama-linux"), True, ("true",), route="apir")
+    with pytest.raises(errors.InvalidValue):
+        hosts.RunRequest(cat.get("cpu"), False, ("true",), timeout_s=-1)
+    with pytest.raises(errors.InvalidValue):
+        hosts.RunRequest(cat.get("cpu"), False, ("true",), forward=hosts.Forward("127.0.0.1", 70000, 8080))
+    ok = hosts.RunRequest(cat.get("cpu"), False, ("true",), slot_wait_s=5.0)
+    assert ok.deadline_s == ok.limits.timeout_s and ok.slot_wait_s == 5.0

@@ -17,9 +17,6 @@ from provision.hosts.linux.shell import terminate
 from provision.hosts.requests import LONGEST_RUN_S
 from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
 
-# A run's deadline is also a serve's.
-SERVE_LIMIT_S = LONGEST_RUN_S
-
 
 def run_request(req: ServeRequest) -> RunRequest:
     """The guest run that serves ``req``: llama-server, the one published port, a bounded slot wait."""
@@ -30,7 +27,7 @@ def run_request(req: ServeRequest) -> RunRequest:
         model_path=req.model_path,
         model_name=req.model,
         route=req.route,
-        timeout_s=SERVE_LIMIT_S,
+        timeout_s=LONGEST_RUN_S,  # a run's deadline is also a serve's: it ends after 30 days at the latest
         forward=Forward(req.host, req.port, GUEST_PORT),
         slot_wait_s=req.wait_s,
     )
