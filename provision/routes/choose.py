@@ -1,4 +1,4 @@
-"""The route for this host, as a pure function: HostFacts (what ``probe`` saw) in, a Decision
+"""The route for this host, as a pure function: HostFacts (what the host saw: ``Host.route_facts``) in, a Decision
 (stack, route, device, why) out, or a typed error.
 
 Rules (issue 29): macOS → Venus through krunkit by default, APIR when its bundle is installed
