@@ -29,6 +29,11 @@ from provision.hosts.linux import companions, facts, isolation, run_dirs, runpla
 from provision.hosts.linux import disks as vmdisk
 
 PLAN_FILE = "plan.json"  # the plan a run carried out, beside its logs
+_progress = progress("run")
+
+
+def _said(text: str) -> None:
+    _progress(f"provision: {text}")  # progress lines name their area themselves (core/log.py)
 
 
 def plan(req: RunRequest, *, dry_run: bool = False) -> runplan.RunPlan:
@@ -50,7 +55,7 @@ def run_captured(req: RunRequest) -> tuple[RunResult, str, str]:
 def execute(plan: runplan.RunPlan, io: RunIO) -> RunResult:
     """Run a plan: job disk, GPU slot, QEMU, the watch. QEMU and the render server it started are
     stopped and reaped on every way out; the GPU slot is released."""
-    say = io.say or progress("run")
+    say = io.say or _said
     run_dir = plan.run_dir
     vmdisk.write_job_disk(plan.job, run_dir / "job.img")
     deadline = time.monotonic() + plan.timeout_s
