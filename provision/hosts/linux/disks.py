@@ -126,6 +126,24 @@ def root_disk(image_ref: str, image_id: str) -> RootDisk:
     return root_disk(image_ref, image_id)
 
 
+def made_disk(folder: Path, image_ref: str) -> RootDisk | None:
+    """The newest disk ``root_disk`` already made in ``folder`` for ``image_ref`` and this guest init,
+    found by reading only (a dry run)."""
+    init = hashlib.sha256(init_script()).hexdigest()[:12]
+    found = []
+    for done in folder.glob(f"*-{init}/disk.json") if folder.is_dir() else []:
+        try:
+            meta = json.loads(done.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and meta.get("image") == image_ref:
+            found.append((done.stat().st_mtime, done.parent, meta))
+    if not found:
+        return None
+    _, final, meta = max(found, key=lambda f: f[0])
+    return RootDisk(final / "root.img", final / meta["kernel"], final / meta["initrd"], str(meta["image_id"]))
+
+
 KEEP_DISKS = 4
 
 

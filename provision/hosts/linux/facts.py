@@ -80,6 +80,9 @@ def has_render_node() -> bool:
 def planned_root_disk(stack: Stack) -> vmdisk.RootDisk:
     """Where the stack's VM disk is (already made) or will be (named by its image), for a dry run."""
     ref = image_tag(stack)
+    made = vmdisk.made_disk(_cache("vm-disks"), ref)
+    if made is not None:
+        return made
     where = _cache("vm-disks") / f"(made at run time from {ref})"
     return vmdisk.RootDisk(where / "root.img", where / "vmlinuz", where / "initrd.img", "")
 

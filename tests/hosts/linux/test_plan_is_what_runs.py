@@ -265,3 +265,23 @@ def test_a_dry_run_writes_nothing_and_fetches_nothing(stand_in: Path, empty_cach
     wrote = with_read_only(store, [a for a in argv if a != "--dry-run"])
     assert wrote.returncode != 0 and "Traceback" not in wrote.stderr
     assert "E0" in wrote.stderr and "fix:" in wrote.stderr and str(store) in wrote.stderr, wrote.stderr
+
+
+def test_a_dry_run_names_the_vm_disk_already_made_for_the_image(tmp_path: Path) -> None:
+    """A disk made for the stack's image and this guest init is the one the run will boot, so the plan
+    names its files (kernel and initrd named by their version) instead of a made-at-run-time path."""
+    import hashlib
+
+    from provision.hosts.linux import disks
+
+    init = hashlib.sha256(disks.init_script()).hexdigest()[:12]
+    for key, ref in ((f"aaaa-{init}", "localhost/krun-gpu/cpu:1"), (f"bbbb-{init}", "localhost/krun-gpu/cpu:2"),
+                     ("cccc-0123456789ab", "localhost/krun-gpu/cpu:1")):  # fmt: skip
+        (tmp_path / key).mkdir()
+        (tmp_path / key / "disk.json").write_text(json.dumps(
+            {"image": ref, "image_id": f"sha256:{key}", "kernel": "vmlinuz-7", "initrd": "initrd.img-7"}))
+    found = disks.made_disk(tmp_path, "localhost/krun-gpu/cpu:1")
+    assert found == disks.RootDisk(tmp_path / f"aaaa-{init}" / "root.img", tmp_path / f"aaaa-{init}" / "vmlinuz-7",
+                                   tmp_path / f"aaaa-{init}" / "initrd.img-7", f"sha256:aaaa-{init}")  # fmt: skip
+    assert disks.made_disk(tmp_path, "localhost/krun-gpu/cpu:3") is None  # another image: made at run time
+    assert disks.made_disk(tmp_path / "none", "localhost/krun-gpu/cpu:1") is None
