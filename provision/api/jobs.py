@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provision import hosts
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, RunCancelled, RunTimeout
 from provision.core.log import say
@@ -174,8 +175,6 @@ class Runner:
         log: Callable[[str], None] | None = None,
         host: Host | None = None,
     ) -> None:
-        from provision import hosts
-
         self.max_vms = max_vms
         self.capture_bytes = capture_bytes
         progress = say("api")
