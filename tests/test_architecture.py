@@ -267,3 +267,25 @@ def test_the_cli_renders_json_in_one_place() -> None:
     branches = [f"{p.name}:{n}" for p in sorted((PACKAGE / "cli").glob("*.py"))
                 for n, line in enumerate(p.read_text().splitlines(), 1) if "args.json" in line]  # fmt: skip
     assert branches == []
+
+
+
+PROCS, RUNNER = "provision.adapters.procs", "provision.adapters.runner"
+
+
+def process_tree_users(graph: dict[str, set[str]]) -> list[str]:
+    """Modules other than the runner that import procs (the owned process tree)."""
+    return sorted(m for m, deps in graph.items() if PROCS in deps and m != RUNNER)
+
+
+def test_only_the_runner_reaches_the_process_tree() -> None:
+    """procs (start, record, stop) is private to adapters/runner.py: every child is started, streamed
+    and stopped through the runner's run/probe/start, so there is one way in and one log of argvs."""
+    graph = all_modules()
+    assert PROCS in graph.get(RUNNER, set())
+    assert process_tree_users(graph) == []
+
+
+def test_the_process_tree_check_catches_a_second_user() -> None:
+    graph = {RUNNER: {PROCS}, "provision.hosts.linux.x": {PROCS, "provision.core"}, PROCS: set()}
+    assert process_tree_users(graph) == ["provision.hosts.linux.x"]

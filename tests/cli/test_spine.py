@@ -66,10 +66,10 @@ def test_the_runner_names_a_missing_program_and_maps_failure_to_the_callers_code
         runner.run(["no-such-program-xyz"])
     with pytest.raises(errors.BuildFailed) as failed:
         runner.run(["sh", "-c", "echo one; echo two >&2; exit 3"], error=errors.BuildFailed, what="the step",
-                   fix="see above", stream=lambda _line: None)  # fmt: skip
+                   fix="see above", on_line=lambda _line: None)  # fmt: skip
     assert "the step exited 3:\none\ntwo" in failed.value.message and failed.value.fix == "see above"
     seen: list[str] = []
-    done = runner.run(["sh", "-c", "for i in 1 2 3 4; do echo $i; done"], stream=seen.append, tail=2)
+    done = runner.run(["sh", "-c", "for i in 1 2 3 4; do echo $i; done"], on_line=seen.append, tail=2)
     assert seen == ["1", "2", "3", "4"] and done.tail == ("3", "4") and done.ok
     with caplog.at_level(logging.INFO, logger="provision.run"):
         slow = runner.run(["sleep", "30"], timeout=0.5)

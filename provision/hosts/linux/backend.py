@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import procs, qemu
+from provision.adapters import qemu, runner
 from provision.core import catalog
 from provision.core import settings as settings_mod
 from provision.core.catalog import Stack
@@ -211,7 +211,7 @@ def carry_out(
     run_dir = plan.run_dir
     vmdisk.write_job_disk(plan.job, run_dir / "job.img")
     deadline = time.monotonic() + plan.timeout_s
-    procs.clean_leftovers(log)  # a killed provision's guests must not hold slots
+    runner.clean_leftovers(log)  # a killed provision's guests must not hold slots
     slot_deadline = deadline if plan.slot_wait_s is None else min(deadline, time.monotonic() + plan.slot_wait_s)
     slot = slots.acquire(slot_deadline, cancel=cancel) if plan.gpu else None
     try:
@@ -267,21 +267,22 @@ def _boot(
     argv = plan.argv()
     (run_dir / "qemu.argv").write_text(shlex.join(argv) + "\n")
     env = {"HOME": user.home if user else "/root", **dict(plan.env)}
-    proc: procs.Popen[bytes] | None = None
+    proc: runner.Child | None = None
     started = time.monotonic()
     try:
         if display == "sdl":  # no X server: SDL's offscreen driver makes QEMU's GL context over EGL
             env.update(gl_display.run_env(tools.root if chroot else Path("/")))
         full = chroot.argv(argv, env) if chroot else tools.wrap(argv)
         with (run_dir / "qemu.log").open("wb") as qlog:
-            proc = procs.spawn(
+            proc = runner.start(
                 full,
-                run_dir,
                 "qemu",
+                run_dir=run_dir,
                 keep_fds=keep_fds,
-                stdin=procs.DEVNULL,
+                resolve=False,
+                stdin=runner.DEVNULL,
                 stdout=qlog,
-                stderr=procs.STDOUT,
+                stderr=runner.STDOUT,
                 env=None if chroot else {**os.environ, **env},
             )
         log(
@@ -297,8 +298,8 @@ def _boot(
         return RunResult(status, run_dir, proc.pid, wall, accel)
     finally:
         if proc is not None:
-            procs.finish(proc, run_dir, grace_s=3.0)
-        procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
+            proc.finish(grace_s=3.0)
+        runner.stop_run(run_dir)  # the render server QEMU started (a process group of its own)
         run_dirs.finished(run_dir)
         run_dirs.prune()
 

@@ -21,19 +21,19 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import debootstrap, partials, procs, qemu
+from provision.adapters import debootstrap, partials, qemu, runner
 from provision.adapters.chroot import Chroot
 from provision.core import locks
 from provision.core import pins as pins_mod
 from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
+from provision.core.log import say
 from provision.core.paths import cache_dir
 from provision.hosts.linux import bundle_archive as bundle_mod
 from provision.hosts.linux import guest_user
@@ -227,22 +227,11 @@ def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
 def _run(argv: list[str], log: Callable[[str], None], **kw: Any) -> None:
     """Run one step, streaming its output to ``log`` (long builds show progress)."""
     log("+ " + " ".join(argv[-12:]) if len(argv) > 12 else "+ " + " ".join(argv))
-    run_dir = procs.job_dir()
-    proc = procs.spawn(argv, run_dir, "host-tools", stdout=procs.PIPE, stderr=procs.STDOUT, text=True, **kw)
-    tail: list[str] = []
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            log(line)
-            tail = (tail + [line])[-25:]
-        proc.wait()
-    finally:
-        procs.finish(proc, run_dir)
-    if proc.returncode != 0:
+    done = runner.run(argv, name="host-tools", on_line=log, **kw)
+    if done.status != 0:
         raise HostToolsMissing(
-            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {proc.returncode}:\n"
-            + "\n".join(tail),
+            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {done.status}:\n"
+            + "\n".join(done.tail),
             fix="check network access to Debian's package mirror, then rerun `provision host-tools`",
         )
 
@@ -252,7 +241,7 @@ def make(
 ) -> HostTools:
     """Build (or reuse) the cached sid chroot with the pinned host packages."""
     pins = pins or pins_mod.default()
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or say("host-tools")
     if os.geteuid() != 0:
         raise HostToolsMissing(
             "making the host-tools chroot needs root (debootstrap, chroot)", fix="run `sudo provision host-tools`"
