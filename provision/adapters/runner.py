@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from provision.adapters import procs
+from provision.core import settings as settings_mod
 from provision.core.errors import ProvisionError, ToolMissing
 
 TAIL = 25
@@ -70,6 +71,16 @@ def which(program: str, *, fix: str | None = None, path: str | None = None) -> s
     raise ToolMissing(f"{program} is not installed (not on PATH)", fix=fix or f"install {program}")
 
 
+def child_env(env: Mapping[str, str] | None, settings: settings_mod.Settings | None = None) -> dict[str, str] | None:
+    """A child's environment: ``env`` (None: this process's) with the command's settings that came
+    from a file or ``--set`` as the ``PROVISION_*`` variables they stand for, so a provision child
+    (the serve supervisor) sees the same settings. None when there is nothing to add to ours."""
+    bridged = (settings or settings_mod.current()).environ()
+    if not bridged:
+        return dict(env) if env is not None else None
+    return {**(os.environ if env is None else env), **bridged}
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -88,6 +99,7 @@ def run(
     resolve: bool = True,
     name: str | None = None,
     grace_s: float = 3.0,
+    settings: settings_mod.Settings | None = None,
     **popen_kw: Any,
 ) -> Done:
     """Run ``argv`` to its end as an owned child. With ``error``, a non-zero exit or a timeout raises
@@ -98,7 +110,7 @@ def run(
     search = env.get("PATH") if env is not None else None
     argv = [which(argv[0], fix=missing_fix, path=search) if resolve else argv[0], *argv[1:]]
     name = name or Path(argv[0]).name
-    kw: dict[str, Any] = {"env": dict(env) if env is not None else None, "cwd": cwd, **popen_kw}
+    kw: dict[str, Any] = {"env": child_env(env, settings), "cwd": cwd, **popen_kw}
     if on_line is None:
         try:
             proc = procs.run(argv, name, run_dir=run_dir, input=input, timeout=timeout, text=text, **kw)
@@ -242,6 +254,7 @@ def start(
     resolve: bool = True,
     missing_fix: str | None = None,
     env: Mapping[str, str] | None = None,
+    settings: settings_mod.Settings | None = None,
     **popen_kw: Any,
 ) -> Child:
     """Start ``argv`` as an owned child and return its handle (the argv logged, ``-v`` shows it).
@@ -252,8 +265,8 @@ def start(
     search = env.get("PATH") if env is not None else None
     argv = [which(argv[0], fix=missing_fix, path=search) if resolve else argv[0], *argv[1:]]
     d = run_dir or procs.job_dir()
-    env_kw = dict(env) if env is not None else None
-    return Child(procs.spawn(argv, d, name, keep_fds=keep_fds, tie=tie, env=env_kw, **popen_kw), d, name)
+    return Child(procs.spawn(argv, d, name, keep_fds=keep_fds, tie=tie, env=child_env(env, settings), **popen_kw),
+                 d, name)
 
 
 def stop_process(proc: Process, grace_s: float = 5.0) -> None:

@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> Result:
     checks = host_tools.checks()
     if args.apir or apir_host.locate() is not None:
         checks += apir_host.checks()
-    tools = host_tools.locate()
+    tools = host_tools.locate(settings=args.app.settings)
     return Result(
         {"tools": tools.as_dict() if tools else None, "checks": [c.as_dict() for c in checks]},
         lambda: checks_table(checks),

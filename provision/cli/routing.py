@@ -7,10 +7,10 @@ one for this host and says why in one line on stderr (stdout stays the command's
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from provision.core.errors import InvalidValue
+from provision.core.log import say
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
@@ -48,5 +48,5 @@ def stack_for(args: argparse.Namespace, *, gpu: bool, command: str) -> Stack:
     from provision.routes import choose, probe
 
     decision = choose.choose(probe.facts(), cat.stacks, gpu=gpu, route=route)
-    print(f"provision: {decision.line()}", file=sys.stderr, flush=True)
+    say("route")(f"provision: {decision.line()}")
     return cat.get(decision.stack)

@@ -31,6 +31,7 @@ from provision.core import settings as settings_mod
 from provision.core.catalog import Stack
 from provision.core.errors import ProvisionError, VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, GuestLimits
+from provision.core.log import say
 from provision.core.paths import cache_dir
 from provision.hosts.linux import accel as accel_mod
 from provision.hosts.linux import bundle, companions, isolation, run_dirs, runplan, slots, watch
@@ -60,7 +61,7 @@ class LinuxBackend:
     """
 
     name: str = "linux"
-    log: Callable[[str], None] = field(default=lambda s: print(f"provision: {s}", file=sys.stderr, flush=True))
+    log: Callable[[str], None] = field(default=lambda s: say("run")(f"provision: {s}"))
     # `provision run --memory/--cpus` (provision/core/isolation.py): where set, they replace the defaults.
     limits: GuestLimits = field(default_factory=GuestLimits)
     # provision serve / shell: a published port, a terminal for ttyS1, told QEMU's pid and the
@@ -160,7 +161,7 @@ def _tools(stack: Stack, gpu: bool) -> host_tools.HostTools:
 
 def _facts(
     tools: host_tools.HostTools, stack: Stack, gpu: bool, root: vmdisk.RootDisk, run_dir: Path,
-    model_disk: Path | None,
+    model_disk: Path | None, settings: settings_mod.Settings | None = None,
 ) -> runplan.HostFacts:
     """What the host has for this run. The route's QEMU environment is per run, never kept: one
     backend runs an APIR guest and then a Venus one (`provision bench` compares them), and
@@ -181,7 +182,7 @@ def _facts(
         model_disk=model_disk,
         route_env=route_env,
         watch_workers=apir,
-        guest_debug=bool(settings_mod.current().typed("guest_debug")),
+        guest_debug=(settings or settings_mod.current()).typed.guest_debug,
     )
 
 

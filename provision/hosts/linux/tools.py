@@ -108,7 +108,7 @@ def locate(
     command's, ``settings.current()`` by default; ``env``: whose PATH finds the host's QEMU).
     """
     env = os.environ if env is None else env
-    named = (settings or settings_mod.current()).path("host_tools")
+    named = (settings or settings_mod.current()).typed.host_tools
     if named:
         return HostTools(named, "env", bundle=bundle_mod.is_bundle(named))
     root = cached_root(pins)
@@ -160,11 +160,11 @@ def _files_check(tools: HostTools) -> list[Check]:
     return checks
 
 
-def _fix(tools: HostTools | None) -> str:
+def _fix(tools: HostTools | None, settings: settings_mod.Settings | None = None) -> str:
     if tools is not None and tools.bundle:
         return "install the bundle again: `provision host-tools --from OUT.tar.zst`"
     if tools is not None and tools.source == "env":
-        s = settings_mod.current()
+        s = settings or settings_mod.current()
         return (f"point host_tools at a chroot made by `provision host-tools` (now {s.shown('host_tools')}), "
                 f"or {s.unset_hint('host_tools')}")  # fmt: skip
     return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Mesa's EGL)"
