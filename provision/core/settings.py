@@ -8,8 +8,8 @@ each value as its Python type (``Values``). A function below the CLI takes the s
 caller; ``current()`` is only its fallback when the caller has none to hand (the object ``main``
 installed for this one command, else one built from ``os.environ`` as it is now, for library
 callers and tests): tests/test_architecture.py holds that edge. This is the only module that
-reads a ``PROVISION_*`` variable (tests/core/test_settings_everywhere.py holds that line). The idea comes from cibuildwheel's ``options.py`` and RamaLama's
-layered config.
+reads a ``PROVISION_*`` variable (tests/core/test_settings_everywhere.py holds that line). The
+idea comes from cibuildwheel's ``options.py`` and RamaLama's layered config.
 
 Pure apart from reading the two files it is given; nothing here writes.
 """

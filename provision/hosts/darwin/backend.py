@@ -9,7 +9,6 @@ the machine and the tool versions, then executes it: podman steps with the plan'
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -102,7 +101,7 @@ class DarwinBackend:
         for a new machine; a launch without podman is E006."""
         env = dict(os.environ) if env is None else env
         b = bundle_mod.locate(self.krun, env=env, route=request.route)
-        ask = not dry_run or (here and shutil.which("podman") is not None)
+        ask = not dry_run or (here and runner.found("podman") is not None)
         machine = observe_machine(request.machine, env) if ask else None
         plan = plan_launch(
             request,

@@ -6,7 +6,6 @@ tests drive them with real artifacts and recorded outputs; ``darwin_checks`` doe
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -232,7 +231,7 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
     # the bundle of the route the machine was last launched on: that is the virglrenderer in force
     c, b = check_bundle(ctx.krun, ctx.env, ctx.home, machine_state.recorded_route(machine_name))
     checks.append(c)
-    podman = shutil.which("podman", path=ctx.env.get("PATH"))
+    podman = runner.found("podman", path=ctx.env.get("PATH"))
     pv_out = runner.probe([podman, "--version"]) if podman else None
     kv_out = runner.probe([str(b.krunkit), "--version"]) if b else None
     libkrun_v = libkrun_version(b) if b else None

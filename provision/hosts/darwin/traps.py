@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,7 +235,7 @@ def host_ram_mib() -> int | None:
 
 def gather(ctx: DoctorContext, run: Runner = runner.probe) -> MacFacts:
     machine = ctx.machine or podman_machine.DEFAULT_MACHINE
-    podman = shutil.which("podman", path=ctx.env.get("PATH")) or "podman"
+    podman = runner.found("podman", path=ctx.env.get("PATH")) or "podman"
     pv = run([podman, "--version"])
     conf = read_containers_conf(containers_conf_files(ctx.env, ctx.home))
     krunkit, _ = find_helper("krunkit", ctx.env, conf, Path(podman).resolve().parent)

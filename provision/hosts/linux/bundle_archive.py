@@ -77,7 +77,7 @@ def pack(staged: Path, dest: Path, *, level: int = 10) -> None:
     try:
         if kind == "zst":
             _pack_zstd(staged, partial, dest, level)
-        elif kind == "xz" and shutil.which("xz"):
+        elif kind == "xz" and runner.found("xz"):
             # xz -T0 uses every core: a bundle with guests is ~300 MB of input, minutes on one core.
             _pack_pipe(["xz", "-q", "-T0", f"-{min(level, 9)}", "-c"], staged, partial, dest)
         elif kind == "xz":
@@ -95,7 +95,7 @@ def pack(staged: Path, dest: Path, *, level: int = 10) -> None:
 
 
 def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
-    if shutil.which("zstd") is None:
+    if runner.found("zstd") is None:
         raise HostToolsMissing(
             "zstd is not installed", fix=f"apt-get install zstd, or name the bundle {dest.stem}.xz (no zstd needed)"
         )
@@ -130,7 +130,7 @@ def install(archive: Path, dest: Path | None = None) -> Path:
             fix="pass the file that `provision host-tools --bundle OUT.tar.zst` (or OUT.tar.xz, OUT.tar.gz) wrote",
         )
     kind = sniff(archive)
-    if kind == "zst" and shutil.which("zstd") is None:
+    if kind == "zst" and runner.found("zstd") is None:
         raise HostToolsMissing(
             f"{archive} is zstd-compressed and this host has no zstd program",
             fix="install zstd (Debian/Ubuntu: apt-get install zstd), or make the bundle as OUT.tar.xz or OUT.tar.gz, "

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,7 +116,7 @@ def locate(
     installed = bundle_mod.default_install_dir()
     if bundle_mod.is_bundle(installed):
         return HostTools(installed, "bundle", bundle=True)
-    if shutil.which("qemu-system-x86_64", path=env.get("PATH")):
+    if runner.found("qemu-system-x86_64", path=env.get("PATH")):
         return HostTools(Path("/"), "host")
     return None
 
@@ -128,7 +127,7 @@ def find(tools: HostTools, rel: str, env: Mapping[str, str] | None = None) -> Pa
     if found and found[0].exists():
         return found[0]
     if tools.root.resolve() == Path("/") and rel.startswith("usr/bin/"):
-        which = shutil.which(Path(rel).name, path=(os.environ if env is None else env).get("PATH"))
+        which = runner.found(Path(rel).name, path=(os.environ if env is None else env).get("PATH"))
         return Path(which) if which else None
     return None
 

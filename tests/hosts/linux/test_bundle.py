@@ -272,7 +272,7 @@ def test_xz_packs_with_the_xz_program_on_every_core_and_with_python_without_it(
     monkeypatch.setattr(bundle_archive.runner, "start", spy)
     bundle_archive.pack(staged(tmp_path), piped, level=3)
     assert spawned and spawned[0][:3] == ["xz", "-q", "-T0"]
-    monkeypatch.setattr(bundle_archive.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bundle_archive.runner, "found", lambda name: None)
     plain = tmp_path / "plain.tar.xz"
     bundle_archive.pack(staged(tmp_path / "again"), plain, level=3)
     for archive in (piped, plain):
