@@ -105,7 +105,10 @@ def run(
     """Run ``argv`` to its end as an owned child. With ``error``, a non-zero exit or a timeout raises
     ``error(what exited N: last lines, fix=fix)``; without it the caller reads ``Done.status``.
     ``on_line`` gets each output line as it comes (stdout and stderr merged, bytes that are
-    not UTF-8 replaced), and the last ``tail`` lines are kept for the message and ``Done.tail``."""
+    not UTF-8 replaced), and the last ``tail`` lines are kept for the message and ``Done.tail``.
+    ``name`` is the child's record name (default: the program's); ``grace_s`` is how long a
+    streamed child cut short gets between SIGTERM and SIGKILL; ``settings`` are the command's,
+    whose file and ``--set`` values the child gets (``child_env``)."""
     # the program is looked up on the PATH the child will have (the caller's env, if it names one)
     search = env.get("PATH") if env is not None else None
     argv = [which(argv[0], fix=missing_fix, path=search) if resolve else argv[0], *argv[1:]]
@@ -261,7 +264,8 @@ def start(
 
     ``run_dir`` holds its record (default: this process's job directory); ``keep_fds`` stay open
     in it (a GPU slot's lock lives as long as QEMU); ``tie=False`` is a child meant to outlive
-    provision (a detached server). The program is resolved on the PATH it will have (E006)."""
+    provision (a detached server). The program is resolved on the PATH it will have (E006); its
+    environment is ``child_env(env, settings)``."""
     search = env.get("PATH") if env is not None else None
     argv = [which(argv[0], fix=missing_fix, path=search) if resolve else argv[0], *argv[1:]]
     d = run_dir or procs.job_dir()
