@@ -10,7 +10,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from provision.core.errors import InvalidValue
-from provision.core.log import say
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
@@ -48,5 +47,5 @@ def stack_for(args: argparse.Namespace, *, gpu: bool, command: str) -> Stack:
     from provision.routes import choose, probe
 
     decision = choose.choose(probe.facts(), cat.stacks, gpu=gpu, route=route)
-    say("route")(f"provision: {decision.line()}")
+    args.app.say("route")(f"provision: {decision.line()}")
     return cat.get(decision.stack)

@@ -17,7 +17,6 @@ from provision.cli import output, routing, serve_generate
 from provision.cli.output import command, table
 from provision.cli.run import resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
-from provision.core.log import say
 from provision.core.result import Result
 
 if TYPE_CHECKING:
@@ -117,7 +116,7 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
             if report is not None:
                 serve_state.write_report(report, {"entry": entry.as_dict()})
             output.line(entry.url)
-            say("serve")(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)")
+            args.app.say("serve")(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)")
 
         log = str(serve_state.state_dir() / f"{name}.log") if report else None
         guest = hosts.native().serve_guest(req, out=sys.stdout.buffer, err=sys.stderr.buffer)
@@ -151,7 +150,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     argv += ["--allow-remote"] if args.allow_remote else []
     argv += ["--ctx", str(args.ctx)] if args.ctx is not None else []
     argv += ["--route", args.route] if args.route else []
-    say("serve")(f"provision: starting {name} in the background (log: {log})")
+    args.app.say("serve")(f"provision: starting {name} in the background (log: {log})")
     proc = serve_state.spawn_supervisor(argv, log)
     try:
         data = serve_state.wait_report(proc, report, log)
@@ -161,7 +160,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     finally:
         report.unlink(missing_ok=True)
     entry = data["entry"]
-    say("serve")(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it")
+    args.app.say("serve")(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it")
     return Result(entry, entry["url"])
 
 
