@@ -293,3 +293,145 @@ def test_the_bypass_check_catches_a_face_importing_a_host() -> None:
              "provision.routes.y": {"provision.hosts.darwin"}}  # fmt: skip
     assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.execute",
                                     "provision.routes.y imports provision.hosts.darwin"]  # fmt: skip
+
+
+PROCS, RUNNER = "provision.adapters.procs", "provision.adapters.runner"
+
+
+def process_tree_users(graph: dict[str, set[str]]) -> list[str]:
+    """Modules other than the runner that import procs (the owned process tree)."""
+    return sorted(m for m, deps in graph.items() if PROCS in deps and m != RUNNER)
+
+
+def test_only_the_runner_reaches_the_process_tree() -> None:
+    """procs (start, record, stop) is private to adapters/runner.py: every child is started, streamed
+    and stopped through the runner's run/probe/start, so there is one way in and one log of argvs."""
+    graph = all_modules()
+    assert PROCS in graph.get(RUNNER, set())
+    assert process_tree_users(graph) == []
+
+
+def test_the_process_tree_check_catches_a_second_user() -> None:
+    graph = {RUNNER: {PROCS}, "provision.hosts.linux.x": {PROCS, "provision.core"}, PROCS: set()}
+    assert process_tree_users(graph) == ["provision.hosts.linux.x"]
+
+
+# --- one application context: one renderer, no environment written, settings handed down ----------
+
+RENDERER = PACKAGE / "cli" / "output.py"
+
+
+def prints_in(source: str) -> list[int]:
+    """Lines that print past the logger: ``print(...)`` or a write straight to ``sys.stdout``/``sys.stderr``."""
+    def std_write(f: ast.expr) -> bool:
+        return (isinstance(f, ast.Attribute) and f.attr == "write" and isinstance(f.value, ast.Attribute)
+                and f.value.attr in ("stdout", "stderr") and isinstance(f.value.value, ast.Name)
+                and f.value.value.id == "sys")  # fmt: skip
+
+    calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+    is_print = [n for n in calls if isinstance(n.func, ast.Name) and n.func.id == "print"]
+    return sorted(n.lineno for n in calls if n in is_print or std_write(n.func))
+
+
+def test_nothing_under_the_cli_prints_but_the_renderer() -> None:
+    """Progress and warnings go to the logger, so -q hides them and the log file keeps them; results,
+    errors and an interactive command's questions go through cli/output.py."""
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in sorted((PACKAGE / "cli").rglob("*.py")) if p != RENDERER
+             for n in prints_in(p.read_text())]  # fmt: skip
+    assert found == []
+
+
+def test_the_print_check_sees_a_print_and_a_stderr_write() -> None:
+    src = "import sys\nprint('x', file=sys.stderr)\nsys.stderr.write('y')\nout.write('z')\n"
+    assert prints_in(src) == [2, 3]
+
+
+_ENVIRON_WRITERS = {"update", "pop", "setdefault", "clear", "popitem", "__setitem__", "__delitem__"}
+
+
+def environ_writes(source: str) -> list[int]:
+    """Lines that change this process's environment: ``os.environ[k] = v``, ``del os.environ[k]``,
+    ``os.environ.update/pop/setdefault/…``, ``os.putenv``/``os.unsetenv``."""
+
+    def is_environ(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "environ" and isinstance(node.value, ast.Name)
+                and node.value.id == "os")  # fmt: skip
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        if any(isinstance(t, ast.Subscript) and is_environ(t.value) for t in targets):
+            found.append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if (f.attr in _ENVIRON_WRITERS and is_environ(f.value)) or (
+                    f.attr in ("putenv", "unsetenv") and isinstance(f.value, ast.Name) and f.value.id == "os"):
+                found.append(node.lineno)
+    return sorted(found)
+
+
+def test_no_module_writes_os_environ() -> None:
+    """main hands the settings down and the runner gives each child its environment
+    (runner.child_env: the command's file and --set values as PROVISION_*); nothing writes
+    os.environ, main included, so one command's settings cannot leak into the next."""
+    found = [f"{p.relative_to(PACKAGE)}:{n}" for p in sorted(PACKAGE.rglob("*.py"))
+             for n in environ_writes(p.read_text())]  # fmt: skip
+    assert found == []
+
+
+def test_the_environ_check_sees_each_way_of_writing_it() -> None:
+    src = ("import os\nos.environ['A'] = '1'\nos.environ.update(B='2')\ndel os.environ['A']\n"
+           "os.putenv('C', '3')\nx = os.environ.get('D')\nenv = dict(os.environ)\nenv['E'] = '5'\n")  # fmt: skip
+    assert environ_writes(src) == [2, 3, 4, 5]
+
+
+def current_calls_off_the_edge(source: str, in_cli: bool) -> list[int]:
+    """Calls of ``current()`` that are not at the program's edge.
+
+    The edge, precisely: (1) ``provision/cli/`` builds the settings once (``settings.load`` in
+    main), installs them and hands them to handlers as ``args.app.settings``; no module there
+    calls ``current()``. (2) Below the CLI, ``current()`` appears only as the fallback of a
+    function whose caller can hand it the settings: ``param or <…>.current()``, ``param`` being a
+    parameter of that same function. So every setting can be given from above, and only a caller
+    with none to give (a library caller, a test, a thread of the API) falls back to what main
+    installed. core/settings.py itself defines current() and is not read here."""
+    tree = ast.parse(source)
+    ok: set[int] = set()  # id() of the current() calls that are the fallback of a parameter
+
+    def is_current(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and (
+            (isinstance(node.func, ast.Attribute) and node.func.attr == "current")
+            or (isinstance(node.func, ast.Name) and node.func.id == "current"))
+
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        params = {a.arg for a in [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]}
+        for node in ast.walk(fn):
+            if (isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or) and len(node.values) == 2
+                    and isinstance(node.values[0], ast.Name) and node.values[0].id in params
+                    and is_current(node.values[1])):  # fmt: skip
+                ok.add(id(node.values[1]))
+    return sorted(node.lineno for node in ast.walk(tree) if is_current(node) and (in_cli or id(node) not in ok))
+
+
+def test_settings_current_is_read_only_at_the_edge() -> None:
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if p == PACKAGE / "core" / "settings.py":
+            continue
+        in_cli = p.is_relative_to(PACKAGE / "cli")
+        found += [f"{p.relative_to(PACKAGE)}:{n}" for n in current_calls_off_the_edge(p.read_text(), in_cli)]
+    assert found == []
+
+
+def test_the_edge_check_tells_a_fallback_from_a_lookup() -> None:
+    src = ("def given(x, settings=None):\n    return (settings or s.current()).typed.accel\n"
+           "def looked_up(x):\n    return s.current().typed.accel\n"
+           "def not_a_param(x):\n    return (other or s.current()).typed.accel\n")  # fmt: skip
+    assert current_calls_off_the_edge(src, in_cli=False) == [4, 6]
+    assert current_calls_off_the_edge(src, in_cli=True) == [2, 4, 6]

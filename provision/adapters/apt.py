@@ -9,7 +9,6 @@ the caller checks the pinned sha256 on top.
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -55,7 +54,7 @@ def _apt_options(root: Path) -> list[str]:
 
 def download(package: str, version: str, *, suite: str, dest: Path, arch: str = "amd64") -> Path:
     """`apt-get download package=version` from `suite` into dest; returns the .deb path."""
-    apt_get = shutil.which("apt-get")
+    apt_get = runner.found("apt-get")
     if apt_get is None:
         raise ToolMissing("apt-get is not installed", fix="run on Debian or Ubuntu, or place the header by hand")
     mirror = system_debian_mirror()

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import BuildFailed, ToolMissing
+from provision.core.log import say
 
 _NINJA_PROGRESS = re.compile(r"^\[(\d+)/(\d+)\]\s+(.*)$")
 Progress = Callable[[str], None]
@@ -41,12 +39,8 @@ class BuildPlan(Protocol):
     def artifacts(self) -> tuple[str, ...]: ...
 
 
-def _stderr_progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def require_tools(tools: tuple[str, ...], *, variant: str) -> None:
-    missing = [t for t in tools if shutil.which(t) is None]
+    missing = [t for t in tools if runner.found(t) is None]
     if missing:
         raise ToolMissing(
             f"the {variant} ggml build needs {', '.join(missing)} on PATH",
@@ -59,43 +53,37 @@ def require_tools(tools: tuple[str, ...], *, variant: str) -> None:
 def _run_step(name: str, cmd: list[str], *, plan: BuildPlan, log: Path, progress: Progress,
               env: dict[str, str] | None) -> float:
     started = time.monotonic()
-    tail: deque[str] = deque(maxlen=25)
     last_report = 0.0
     with log.open("a", encoding="utf-8") as fh:
         fh.write(f"$ {' '.join(cmd)}\n")
         fh.flush()
+
+        def on_line(line: str) -> None:
+            nonlocal last_report
+            fh.write(line + "\n")
+            match = _NINJA_PROGRESS.match(line.rstrip())
+            now = time.monotonic()
+            if match and (now - last_report > 5 or match.group(1) == match.group(2)):
+                last_report = now
+                progress(f"ggml {plan.variant}: [{match.group(1)}/{match.group(2)}] {match.group(3)[:100]}")
+
         # On the owned process tree: cmake, ninja and the compilers die with a killed provision.
-        run_dir = procs.job_dir()
-        proc = procs.spawn(cmd, run_dir, f"cmake-{name}", stdout=procs.PIPE, stderr=procs.STDOUT,
-                           text=True, errors="replace", env=env)
-        try:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                fh.write(line)
-                line = line.rstrip()
-                tail.append(line)
-                match = _NINJA_PROGRESS.match(line)
-                now = time.monotonic()
-                if match and (now - last_report > 5 or match.group(1) == match.group(2)):
-                    last_report = now
-                    progress(f"ggml {plan.variant}: [{match.group(1)}/{match.group(2)}] {match.group(3)[:100]}")
-            rc = proc.wait()
-        finally:
-            procs.finish(proc, run_dir)
+        done = runner.run(cmd, name=f"cmake-{name}", on_line=on_line, env=env)
     seconds = time.monotonic() - started
-    if rc != 0:
+    if done.status != 0:
         raise BuildFailed(
-            f"ggml {plan.variant} build: step '{name}' failed (exit {rc}) after {seconds:.0f} s; "
-            f"log {log}\n" + "\n".join(tail),
+            f"ggml {plan.variant} build: step '{name}' failed (exit {done.status}) after {seconds:.0f} s; "
+            f"log {log}\n" + "\n".join(line.rstrip() for line in done.tail),
             fix=f"read {log}; rerun with `provision ggml build --variant {plan.variant}` once fixed",
         )
     return seconds
 
 
-def run(plan: BuildPlan, *, log: Path, progress: Progress = _stderr_progress,
+def run(plan: BuildPlan, *, log: Path, progress: Progress | None = None,
         env: dict[str, str] | None = None) -> dict[str, float]:
     """Configure (only when the build dir has no build.ninja yet) and build the named targets."""
     timings: dict[str, float] = {}
+    progress = progress or say("ggml")
     plan.build_dir.mkdir(parents=True, exist_ok=True)
     # Configure again when the command changed (e.g. the offline include moved): a stale
     # build.ninja would re-run cmake with the old cache values.

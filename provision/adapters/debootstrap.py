@@ -6,12 +6,11 @@ snapshot whose Release file has expired, so apt inside is told not to check vali
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from provision.adapters import partials, procs
-from provision.core.errors import ImageBuildFailed, ToolMissing
+from provision.adapters import partials, runner
+from provision.core.errors import ImageBuildFailed
 from provision.core.log import say
 
 APT_SNAPSHOT_CONF = 'Acquire::Check-Valid-Until "false";\n'
@@ -31,8 +30,7 @@ def make_rootfs(suite: str, dest: Path, *, variant: str = "minbase", include: Se
     debootstrap mounts /proc and /sys in its target; it runs in a private mount namespace so a
     killed debootstrap leaves no mount behind, and the leftover temp dir is removed next time.
     """
-    if shutil.which("debootstrap") is None:
-        raise ToolMissing("debootstrap is not installed", fix="apt-get install debootstrap (scripts/setup-debian does)")
+    runner.which("debootstrap", fix="apt-get install debootstrap (scripts/setup-debian does)")
     if dest.exists():
         return dest
     tmp = dest.with_name(dest.name + ".partial")
@@ -41,10 +39,10 @@ def make_rootfs(suite: str, dest: Path, *, variant: str = "minbase", include: Se
     cmd = command(suite, tmp, variant=variant, include=include)
     say("debootstrap")(f"debootstrap: {' '.join(cmd)}")
     private = ["unshare", "--mount", "--propagation", "private", *cmd]
-    proc = procs.run(private, "debootstrap", stderr=procs.STDOUT, text=True)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-15:])
-        raise ImageBuildFailed(f"debootstrap {suite} failed (exit {proc.returncode}):\n{tail}")
+    done = runner.run(private, name="debootstrap", stderr=runner.STDOUT)
+    if done.status != 0:
+        tail = "\n".join(done.out.splitlines()[-15:])
+        raise ImageBuildFailed(f"debootstrap {suite} failed (exit {done.status}):\n{tail}")
     conf = tmp / "etc/apt/apt.conf.d"
     (conf / "99krun-gpu-snapshot").write_text(APT_SNAPSHOT_CONF)
     (conf / "99krun-gpu-norecommends").write_text(APT_NO_RECOMMENDS)

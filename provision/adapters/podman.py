@@ -12,13 +12,13 @@ import hashlib
 import json
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.adapters import partials, procs, runner
+from provision.adapters import partials, runner
 from provision.core.errors import ImageBuildFailed, ToolMissing
+from provision.core.log import say
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")
@@ -148,33 +148,28 @@ def build(
                 fix="build as root, or set PROVISION_PODMAN_ISOLATION=oci where podman can run OCI isolation "
                 "(then --network=none is used)",
             )
-    log = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
-    # them), never an image under ``tag``. The build stops with provision (procs).
-    run_dir = procs.job_dir()
-    proc = procs.spawn(cmd, run_dir, "podman-build", stdout=procs.PIPE, stderr=procs.STDOUT, text=True)
+    log = log or say("image")
     steps: list[str] = []
     cached = 0
-    tail: list[str] = []
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            log(line)
-            tail = (tail + [line])[-25:]
-            step = parse_step(line)
-            if step:
-                steps.append(step)
-            elif _CACHE_HIT.match(line):
-                cached += 1
-        rc = proc.wait()
-    finally:
-        procs.finish(proc, run_dir, grace_s=10.0)
-    if rc != 0:
+
+    def on_line(line: str) -> None:
+        nonlocal cached
+        log(line)
+        step = parse_step(line)
+        if step:
+            steps.append(step)
+        elif _CACHE_HIT.match(line):
+            cached += 1
+
+    # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
+    # them), never an image under ``tag``. The build stops with provision; podman gets 10 s to
+    # let go of its layers when cut short.
+    done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+    if done.status != 0:
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(
             f"podman build of {tag} ({containerfile}{', network off' if offline else ''}) failed at STEP {failing} "
-            f"(exit {rc})\n" + "\n".join(tail[-12:]),
+            f"(exit {done.status})\n" + done.last(),
             fix="fix the failing step (the output above shows its error) and build again; finished steps stay cached",
         )
     info = inspect(tag)
@@ -200,18 +195,14 @@ def exists(ref: str) -> bool:
 def import_rootfs(rootfs: Path, ref: str) -> str:
     """tar the directory into ``podman import``; returns the image id."""
     runner.which("podman", fix=PODMAN_FIX)
-    run_dir = procs.job_dir()
-    tar = procs.spawn(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], run_dir, "tar", stdout=procs.PIPE)
-    try:
-        imp = procs.run(["podman", "import", "-", ref], "podman-import", stdin=tar.stdout, text=True)
+    with runner.start(["tar", "-C", str(rootfs), "--numeric-owner", "-c", "."], "tar", stdout=runner.PIPE) as tar:
+        imp = runner.run(["podman", "import", "-", ref], name="podman-import", stdin=tar.stdout)
         if tar.stdout:
             tar.stdout.close()
         tar.wait()
-    finally:
-        procs.finish(tar, run_dir)
-    if imp.returncode != 0 or tar.returncode != 0:
-        raise ImageBuildFailed(f"podman import of {rootfs} as {ref} failed: {imp.stderr.strip()}")
-    return imp.stdout.strip().splitlines()[-1]
+    if imp.status != 0 or tar.returncode != 0:
+        raise ImageBuildFailed(f"podman import of {rootfs} as {ref} failed: {imp.err.strip()}")
+    return imp.out.strip().splitlines()[-1]
 
 
 def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
@@ -231,20 +222,14 @@ def export_rootfs(ref: str, dest: Path, flags: BuildFlags) -> Path:
             fix=f"check the image exists (`podman image exists {ref}`) and that podman works (`provision doctor`)",
         )
     cid = created.out.strip()
-    run_dir = procs.job_dir()
     try:
-        exp = procs.spawn(
-            ["podman", *global_args(flags), "export", cid], run_dir, "podman-export", stdout=procs.PIPE
-        )
-        try:
-            untar = procs.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], "tar", stdin=exp.stdout)
+        with runner.start(["podman", *global_args(flags), "export", cid], "podman-export", stdout=runner.PIPE) as exp:
+            untar = runner.run(["tar", "-x", "-C", str(tmp), "--numeric-owner"], stdin=exp.stdout)
             if exp.stdout:
                 exp.stdout.close()
             exp.wait()
-        finally:
-            procs.finish(exp, run_dir)
-        if exp.returncode or untar.returncode:
-            raise ImageBuildFailed(f"podman export of {ref} failed: {untar.stderr.decode(errors='replace').strip()}")
+        if exp.returncode or untar.status:
+            raise ImageBuildFailed(f"podman export of {ref} failed: {untar.err.strip()}")
     finally:
         _podman(*global_args(flags), "rm", "-f", cid)
     partials.remove(dest)

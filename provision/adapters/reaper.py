@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from provision.adapters import procs
+from provision.adapters import runner
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +30,7 @@ def main(argv: list[str]) -> int:
         if path not in dirs:
             dirs.append(path)
     for d in dirs:
-        stopped = procs.stop(d, owner=owner)
+        stopped = runner.stop_run(d, owner=owner)
         if stopped:  # a trace for whoever wonders what ended these processes
             with contextlib.suppress(OSError), (d / "reaper.log").open("a") as log:
                 names = ", ".join(f"{r.name} {r.pid}" for r in stopped)

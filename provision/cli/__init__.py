@@ -5,7 +5,8 @@ sets returns a ``provision.core.result.Result`` (or a bare exit status for comma
 output is a guest's stream), and ``output.emit`` prints it: text, or with ``--json`` one
 envelope ``{"command", "status", "data", "error"}``. ``main`` builds the settings once
 (provision/core/settings.py), sets up logging (``-v``/``-q``, a log file per invocation) and
-hands the settings down as ``args.settings``. Errors are ProvisionError subclasses
+hands the command's context down as ``args.app`` (provision/core/app.py: the settings and the
+display); it never writes ``os.environ``, and only ``output`` prints. Errors are ProvisionError subclasses
 (provision/core/errors.py): each prints ``E0NN: message`` and a ``fix:`` line (with ``--json``,
 the same envelope with status "error" on stdout). Argument errors are E003. Anything else is a
 bug: a short report, the traceback in a file, exit status ``errors.INTERNAL_ERROR_STATUS``;
@@ -197,7 +198,7 @@ def entry() -> NoReturn:
     except SystemExit as exc:  # --help, --version
         code = exc.code
         if isinstance(code, str):
-            print(code, file=sys.stderr)
+            output.error_line(code)
         status = code if isinstance(code, int) else (0 if code is None else 1)
     import atexit
     import threading
@@ -235,10 +236,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ProvisionError as exc:
         if want_json:
             output.emit_error(command, exc.as_dict())
-        print(exc.render(), file=sys.stderr)
+        output.error_line(exc.render())
         return exc.exit_status
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: 128 + the signal's number
-        print(f"interrupted ({str(exc) or 'SIGINT'})", file=sys.stderr)
+        output.error_line(f"interrupted ({str(exc) or 'SIGINT'})")
         return signals.exit_status(exc)
     except SystemExit:
         raise  # --help and --version
@@ -253,35 +254,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             output.emit_error(command, {"code": "internal", "message": message, "fix": "report it with that file",
                                         "details": str(where) if where else None,
                                         "exit_status": INTERNAL_ERROR_STATUS})  # fmt: skip
-        print(f"{message}\n  {detail}\n  fix: this is a bug in provision; report it with that file", file=sys.stderr)
+        output.error_line(f"{message}\n  {detail}\n  fix: this is a bug in provision; report it with that file")
         return INTERNAL_ERROR_STATUS
     finally:
         log.close()
 
 
 def _dispatch(args: argparse.Namespace, command: str, want_json: bool, argv: Sequence[str]) -> int:
-    """Build the settings once (defaults, files, environment, flags), open the log, run the handler, render."""
+    """Build the command's context once (the settings from defaults, files, environment and flags;
+    the display at its verbosity), open the log, run the handler with it, render."""
     import logging
 
     from provision.core import paths
     from provision.core import settings as settings_mod
+    from provision.core.app import App
 
     settings = settings_mod.load(flags=getattr(args, "set", None) or ())
-    # The modules read settings.current(); the programs they start (provision's own children among
-    # them) get a file's or a flag's value as the variable it stands for, for this command only.
-    bridged = settings.environ()
-    saved = {k: os.environ.get(k) for k in bridged}
-    os.environ.update(bridged)
-    args.settings = settings
-    try:
-        with settings_mod.installed(settings):
-            where = log.setup(getattr(args, "verbose", 0) or 0, bool(getattr(args, "quiet", False)),
-                              paths.state_dir("logs"), command)  # fmt: skip
-            logging.getLogger("provision.cli").debug("provision %s (log %s)", shlex.join(argv), where)
-            return output.emit(command, args.func(args), as_json=want_json)
-    finally:  # one command's settings end with it (tests call main() many times in one process)
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    app = App(settings, verbose=getattr(args, "verbose", 0) or 0, quiet=bool(getattr(args, "quiet", False)))
+    args.app = app
+    # Handlers hand ``app.settings`` down. ``installed`` is for what runs below a caller that has no
+    # settings to hand (current()'s fallback); the programs started get a file's or a flag's value
+    # as its PROVISION_* variable from the runner (``Settings.environ``), os.environ stays as it is.
+    with settings_mod.installed(settings):
+        where = log.setup(app.verbose, app.quiet, paths.state_dir("logs", settings), command)
+        logging.getLogger("provision.cli").debug("provision %s (log %s)", shlex.join(argv), where)
+        return output.emit(command, args.func(args), as_json=want_json)

@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> Result:
     model = resolve_model(args.model)
     assert model is not None
     label = Path(args.model).name if Path(args.model).is_file() else args.model
-    req = hosts.BenchRequest(stack, model, label, args.timeout, args.out or cache_dir("bench"),
+    out = args.out or cache_dir("bench", settings=args.app.settings)
+    req = hosts.BenchRequest(stack, model, label, args.timeout, out,
                              host_baseline=not args.no_host, venus_stack=venus)  # fmt: skip
     done = host.bench(req)
     gate = done.gate

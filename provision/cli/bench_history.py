@@ -54,10 +54,10 @@ def record_bench(
 
 def _warn_skipped(skipped: int) -> None:
     if skipped:
-        import sys
+        import logging
 
-        print(f"provision: {skipped} line(s) of the history are not records (torn or edited); skipped",
-              file=sys.stderr)  # fmt: skip
+        logging.getLogger("provision.bench").warning(
+            "%d line(s) of the history are not records (torn or edited); skipped", skipped)
 
 
 def list_cmd(args: argparse.Namespace) -> Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from provision.cli import output
 from provision.cli.output import command, human_stream
 from provision.core import values
 from provision.core.result import Result
@@ -50,18 +51,11 @@ def run(args: argparse.Namespace) -> Result:
         out.write("\n")
         out.flush()
     else:
-        def note(text: str) -> None:
-            print(text, file=sys.stderr, flush=True)
-
         def read(prompt: str) -> str:
             # the prompt goes where the tokens go: with --json, stdout carries the final JSON alone
-            if out is sys.stdout:
-                return input(prompt)
-            sys.stderr.write(prompt)
-            sys.stderr.flush()
-            return input()
+            return output.ask(prompt, on_stdout=out is sys.stdout)
 
-        chat_session.repl(session, read, note)
+        chat_session.repl(session, read, output.note)
     data = {"url": target.base, "model": client.model, "message": session.last_reply(),
             "turns": sum(1 for m in session.history if m["role"] == "assistant")}  # fmt: skip
     return Result(data, None)

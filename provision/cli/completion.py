@@ -16,6 +16,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from provision.cli import output
 from provision.cli.output import command
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import argcomplete
 
-    print(argcomplete.shellcode(["provision"], shell=args.shell), end="")
+    output.line(argcomplete.shellcode(["provision"], shell=args.shell), end="")
     return 0
 
 

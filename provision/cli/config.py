@@ -35,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run_show(args: argparse.Namespace) -> Result:
     from provision.core import paths
 
-    settings = args.settings
+    settings = args.app.settings
     rows = settings.rows()
     files = [{"layer": layer, "path": str(path), "present": there} for layer, path, there in settings.files]
     layout = {f"cache/{k}": v for k, v in paths.LAYOUT.items()}

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> Result:
 
     ctx = doctor.context(krun=args.krun, machine=args.machine, guest_image=args.guest_image)
     checks = doctor.run(ctx)
-    data = doctor.report(ctx, checks, args.settings)
+    data = doctor.report(ctx, checks, args.app.settings)
     return Result(
         data,
         lambda: f"{checks_table(checks)}\n\n{settings_table(data['settings'])}",

@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
+from provision.cli import output
 from provision.cli.output import command, table
 from provision.core.errors import ModelHashMismatch
 from provision.core.result import Result
+
+if TYPE_CHECKING:
+    from provision.core.settings import Settings
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
@@ -85,8 +90,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _ask(size: int) -> bool:
     from provision.models.fetch import human
 
-    print(f"pull {human(size)}? [y/N] ", end="", file=sys.stderr, flush=True)
-    return sys.stdin.readline().strip().lower() in ("y", "yes")
+    try:
+        answer = output.ask(f"pull {human(size)}? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def run_pull(args: argparse.Namespace) -> Result:
@@ -99,9 +107,10 @@ def run_pull(args: argparse.Namespace) -> Result:
     stall = check_stall(args.stall_timeout, "--stall-timeout") if args.stall_timeout is not None else None
     store = models.Store()
     authfile = Path(args.authfile) if args.authfile is not None else None
-    todo = fetch.plan(store, args.ref, sha256=args.sha256, name=args.name, authfile=authfile, stall_s=stall)
+    todo = fetch.plan(store, args.ref, sha256=args.sha256, name=args.name, authfile=authfile, stall_s=stall,
+                      settings=args.app.settings)
     interactive = not args.yes and sys.stdin.isatty() and sys.stderr.isatty()
-    result = fetch.pull(store, todo, stall_s=stall, ask=_ask if interactive else None)
+    result = fetch.pull(store, todo, stall_s=stall, ask=_ask if interactive else None, settings=args.app.settings)
     report = {
         **result.ref.as_dict(),
         "path": str(result.path),
@@ -140,20 +149,21 @@ def run_inspect(args: argparse.Namespace) -> Result:
     return Result(info, "\n".join(lines))
 
 
-def _list_shortnames() -> Result:
+def _list_shortnames(settings: Settings) -> Result:
     from provision.models import shortnames
 
     rows = [{"name": s.name, "reference": s.reference, "from": str(s.origin)} for s in shortnames.table().values()]
     text = table(["NAME", "REFERENCE", "FROM"], [(r["name"], r["reference"], r["from"]) for r in rows])
-    text += f"\n\nyour file (overrides these): {shortnames.user_file()}"
-    return Result({"user_file": str(shortnames.user_file()), "shortnames": rows}, text)
+    mine = shortnames.user_file(settings)
+    text += f"\n\nyour file (overrides these): {mine}"
+    return Result({"user_file": str(mine), "shortnames": rows}, text)
 
 
 def run_list(args: argparse.Namespace) -> Result:
     from provision.models import store as models
 
     if args.shortnames:
-        return _list_shortnames()
+        return _list_shortnames(args.app.settings)
 
     store = models.Store()
     rows: list[dict[str, object]] = []

@@ -3,7 +3,10 @@
 Handlers return a ``provision.core.result.Result``; ``emit`` prints it as text, or with
 ``--json`` as ``{"command", "status", "data", "error"}`` (sorted keys), errors included. A
 command that has a report gets ``--json`` from ``command(..., json=True)``: the flag is
-declared here and nowhere else.
+declared here and nowhere else. This is the only module under ``provision/cli/`` that prints
+(tests/test_architecture.py holds it): progress and warnings go to the logger (``core/log.py``),
+so ``-q`` and the log file see them; what is printed here is a result, an error, or a line an
+interactive command owes the person at the terminal (a question, a chat note).
 """
 
 from __future__ import annotations
@@ -47,6 +50,31 @@ def emit(command: str, outcome: Result | int | None, *, as_json: bool) -> int:
     if result.error is not None:
         print(result.error.render(), file=sys.stderr)
     return result.exit
+
+
+def line(text: str, *, end: str = "\n") -> None:
+    """A result line on stdout before the command's end (the URL a foreground serve answers on,
+    a completion script): what a script reads, whatever the verbosity."""
+    print(text, end=end, flush=True)
+
+
+def error_line(text: str) -> None:
+    """An error on stderr (shown under ``-q`` too)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def note(text: str) -> None:
+    """A line of an interactive session (chat's ``/clear`` answer) on stderr, beside its prompt."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def ask(question: str, *, on_stdout: bool = False) -> str:
+    """Ask the person at the terminal: the answer's line (EOFError at the end of input). The
+    question goes to stderr unless ``on_stdout`` (where a session's tokens go)."""
+    if on_stdout:
+        return input(question)
+    print(question, end="", file=sys.stderr, flush=True)
+    return input()
 
 
 def human_stream(args: argparse.Namespace) -> TextIO:

@@ -7,7 +7,6 @@ one for this host and says why in one line on stderr (stdout stays the command's
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from provision.core.errors import InvalidValue
@@ -49,5 +48,5 @@ def stack_for(args: argparse.Namespace, *, gpu: bool, command: str) -> Stack:
     from provision.routes import choose
 
     decision = choose.choose(hosts.native().route_facts(), cat.stacks, gpu=gpu, route=route)
-    print(f"provision: {decision.line()}", file=sys.stderr, flush=True)
+    args.app.say("route")(f"provision: {decision.line()}")
     return cat.get(decision.stack)

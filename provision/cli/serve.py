@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision.cli import routing, serve_generate
+from provision.cli import output, routing, serve_generate
 from provision.cli.output import command, table
 from provision.cli.run import plan_result, resolve_model
 from provision.core.errors import InvalidValue, ProvisionError
@@ -107,8 +107,8 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
         def ready(entry: serve_state.Entry) -> None:
             if report is not None:
                 serve_state.write_report(report, {"entry": entry.as_dict()})
-            print(entry.url, flush=True)
-            print(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)", file=sys.stderr)
+            output.line(entry.url)
+            args.app.say("serve")(f"provision: serving {req.model} as {name} at {entry.url}/v1 (Ctrl-C stops)")
 
         log = str(serve_state.state_dir() / f"{name}.log") if report else None
         guest = hosts.native().serve_guest(req, out=sys.stdout.buffer, err=sys.stderr.buffer)
@@ -164,7 +164,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     argv += ["--allow-remote"] if args.allow_remote else []
     argv += ["--ctx", str(args.ctx)] if args.ctx is not None else []
     argv += ["--route", args.route] if args.route else []
-    print(f"provision: starting {name} in the background (log: {log})", file=sys.stderr, flush=True)
+    args.app.say("serve")(f"provision: starting {name} in the background (log: {log})")
     proc = serve_state.spawn_supervisor(argv, log)
     try:
         data = serve_state.wait_report(proc, report, log)
@@ -174,7 +174,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     finally:
         report.unlink(missing_ok=True)
     entry = data["entry"]
-    print(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it", file=sys.stderr)
+    args.app.say("serve")(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it")
     return Result(entry, entry["url"])
 
 

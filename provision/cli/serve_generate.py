@@ -8,7 +8,6 @@ Called from provision/cli/serve.py.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from provision.core.errors import InvalidValue
@@ -44,6 +43,6 @@ def run(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Result:
                              port=args.port, ctx=args.ctx, parallel=args.parallel, name=name)  # fmt: skip
     text = generate.render(args.generate, served)
     outputs.write_text(target, text, flag="--output", force=args.force)
-    print(f"provision: wrote {args.generate} for {served.model} ({served.image}) to {target}", file=sys.stderr)
+    args.app.say("serve")(f"provision: wrote {args.generate} for {served.model} ({served.image}) to {target}")
     return Result({"kind": args.generate, "path": str(target), "image": served.image, "model": served.model},
                   str(target))

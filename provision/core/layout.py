@@ -12,9 +12,9 @@ from pathlib import Path
 from provision.core import settings
 
 
-def data_root() -> Path:
+def data_root(given: settings.Settings | None = None) -> Path:
     """The setting ``data_root`` (default: beside the package, as in the source tree)."""
-    return settings.current().path("data_root") or Path(__file__).resolve().parents[2]
+    return (given or settings.current()).typed.data_root
 
 
 def templates_dir() -> Path:

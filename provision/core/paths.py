@@ -46,8 +46,8 @@ STATE_LAYOUT: dict[str, str] = {
 }
 
 
-def _unusable(path: Path, why: str, key: str = "cache") -> InvalidValue:
-    s, env = settings_mod.current(), settings_mod.BY_KEY[key].env
+def _unusable(path: Path, why: str, key: str = "cache", settings: settings_mod.Settings | None = None) -> InvalidValue:
+    s, env = settings or settings_mod.current(), settings_mod.BY_KEY[key].env
     source = s.source(key)
     shown = f"{env}={s.get(key)!r}" if source.startswith("environment") else source
     return InvalidValue(
@@ -56,37 +56,39 @@ def _unusable(path: Path, why: str, key: str = "cache") -> InvalidValue:
     )
 
 
-def _make_dir(path: Path, key: str = "cache") -> Path:
+def _make_dir(path: Path, settings: settings_mod.Settings, key: str = "cache") -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise _unusable(path, "it exists and is not a directory", key) from None
+        raise _unusable(path, "it exists and is not a directory", key, settings) from None
     except OSError as exc:
-        raise _unusable(path, exc.strerror or str(exc), key) from None
+        raise _unusable(path, exc.strerror or str(exc), key, settings) from None
     if not path.is_dir():
-        raise _unusable(path, "it is not a directory", key)
+        raise _unusable(path, "it is not a directory", key, settings)
     # access() reports a read-only filesystem (EROFS) even to root, before any write half-happens.
     if not os.access(path, os.W_OK | os.X_OK):
-        raise _unusable(path, "it is not writable (read-only filesystem or permissions)", key)
+        raise _unusable(path, "it is not writable (read-only filesystem or permissions)", key, settings)
     return path
 
 
-def cache_root() -> Path:
-    return _make_dir(settings_mod.current().cache)
+def cache_root(settings: settings_mod.Settings | None = None) -> Path:
+    s = settings or settings_mod.current()
+    return _make_dir(s.typed.cache, s)
 
 
-def cache_dir(name: str, *parts: str) -> Path:
+def cache_dir(name: str, *parts: str, settings: settings_mod.Settings | None = None) -> Path:
     if name not in LAYOUT:
         raise AssertionError(f"cache sub-directory {name!r} is not in provision/core/paths.py LAYOUT")
-    return _make_dir(cache_root().joinpath(name, *parts))
+    s = settings or settings_mod.current()
+    return _make_dir(cache_root(s).joinpath(name, *parts), s)
 
 
-def state_root() -> Path:
+def state_root(settings: settings_mod.Settings | None = None) -> Path:
     """Not made here: reading state must not create it (a missing state dir holds nothing)."""
-    return settings_mod.current().state
+    return (settings or settings_mod.current()).typed.state
 
 
-def state_dir(name: str) -> Path:
+def state_dir(name: str, settings: settings_mod.Settings | None = None) -> Path:
     if name not in STATE_LAYOUT:
         raise AssertionError(f"state sub-directory {name!r} is not in provision/core/paths.py STATE_LAYOUT")
-    return state_root() / name
+    return state_root(settings) / name

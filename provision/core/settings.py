@@ -3,12 +3,13 @@
 Layers, lowest first: built-in defaults -> the system file -> the user's file (XDG config dir)
 -> the environment (``PROVISION_*``) -> flags (``provision --set KEY=VALUE``). Files are TOML
 with top-level keys named as in ``SPECS`` (``accel = "tcg"``). ``provision/cli`` builds the
-object once in ``main()`` (``load``) and hands it down; ``current()`` is what the library reads
-(the object ``main`` installed for this one command, else one built from ``os.environ`` as it is
-now, for library callers and tests). This is the only module that reads a ``PROVISION_*``
-variable (tests/core/test_settings_everywhere.py holds that line); the others read ``current()``
-or are given the value. The idea comes from cibuildwheel's ``options.py`` and RamaLama's
-layered config.
+object once in ``main()`` (``load``) and hands it down (``core/app.py``); ``Settings.typed`` is
+each value as its Python type (``Values``). A function below the CLI takes the settings from its
+caller; ``current()`` is only its fallback when the caller has none to hand (the object ``main``
+installed for this one command, else one built from ``os.environ`` as it is now, for library
+callers and tests): tests/test_architecture.py holds that edge. This is the only module that
+reads a ``PROVISION_*`` variable (tests/core/test_settings_everywhere.py holds that line). The
+idea comes from cibuildwheel's ``options.py`` and RamaLama's layered config.
 
 Pure apart from reading the two files it is given; nothing here writes.
 """
@@ -21,9 +22,9 @@ import shlex
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from provision.core.errors import InvalidValue
 
@@ -97,18 +98,20 @@ def parse_size(raw: str) -> int:
 
 @dataclass(frozen=True)
 class Kind:
-    """A setting's type: its name (shown by config show), what a good value is, its Python value."""
+    """A setting's type: its name (shown by config show), what a good value is, its Python value
+    (``python``: the type of ``Values``' field, which tests hold against every Spec's kind)."""
 
     name: str
     check: Callable[[str], str | None]  # None when ``raw`` is good, else what a good value is
     parse: Callable[[str], Any] = str
+    python: type = str
 
 
-PATH = Kind("path", _path, lambda raw: Path(raw).expanduser())
-COUNT = Kind("integer >= 1", _positive_int, int)
-SECONDS = Kind("seconds", _seconds, float)
-SIZE = Kind("size", _size, parse_size)
-SWITCH = Kind("0 or 1", _one_of("0", "1"), lambda raw: raw == "1")
+PATH = Kind("path", _path, lambda raw: Path(raw).expanduser(), Path)
+COUNT = Kind("integer >= 1", _positive_int, int, int)
+SECONDS = Kind("seconds", _seconds, float, float)
+SIZE = Kind("size", _size, parse_size, int)
+SWITCH = Kind("0 or 1", _one_of("0", "1"), lambda raw: raw == "1", bool)
 HOST = Kind("host[:port]", _host)
 
 
@@ -174,6 +177,37 @@ BY_KEY = {s.key: s for s in SPECS}
 
 
 @dataclass(frozen=True)
+class Values:
+    """Every setting as its Python value: one typed field per Spec, in SPECS' order (None: unset,
+    decided where it is used). Made from SPECS by ``values_of``; the field list is written out so
+    mypy checks each use, and tests/core/test_settings.py holds it equal to SPECS, kinds included."""
+
+    cache: Path
+    state: Path
+    data_root: Path
+    host_tools: Path | None
+    accel: Literal["kvm", "tcg"] | None
+    gpu_slots: int
+    guest_debug: bool
+    apir_host_ggml: Path | None
+    stall_s: float
+    podman_isolation: Literal["chroot", "oci", "rootless"] | None
+    ask_above: int
+    shortnames: Path
+    ollama_registry: str | None
+    docker_registry: str | None
+
+
+def values_of(raw: Mapping[str, str | None]) -> Values:
+    """Each Spec's raw string parsed by its kind (every raw value was checked when it was read)."""
+    parsed: dict[str, Any] = {s.key: None if raw.get(s.key) is None else s.kind.parse(str(raw[s.key])) for s in SPECS}
+    return Values(**parsed)
+
+
+VALUE_FIELDS = tuple(f.name for f in fields(Values))
+
+
+@dataclass(frozen=True)
 class Value:
     key: str
     value: str | None
@@ -182,7 +216,12 @@ class Value:
 
 @dataclass(frozen=True)
 class Settings:
+    """The layered settings of one command: ``typed`` holds each value as its Python value (what
+    code reads), ``values`` each raw value with where it came from (what messages and ``config
+    show`` say)."""
+
     values: Mapping[str, Value]
+    typed: Values
     files: tuple[tuple[str, Path, bool], ...] = ()  # (layer, path, was it there)
 
     def get(self, key: str) -> str | None:
@@ -190,27 +229,6 @@ class Settings:
 
     def source(self, key: str) -> str:
         return self.values[key].source
-
-    def typed(self, key: str) -> Any:
-        """The value as its kind's Python value (Path, int, float, bool, bytes for a size), or None."""
-        raw = self.get(key)
-        return None if raw is None else BY_KEY[key].kind.parse(raw)
-
-    def path(self, key: str) -> Path | None:
-        raw = self.get(key)
-        return Path(raw).expanduser() if raw else None
-
-    @property
-    def cache(self) -> Path:
-        return self.path("cache") or Path(".")
-
-    @property
-    def state(self) -> Path:
-        return self.path("state") or Path(".")
-
-    @property
-    def gpu_slots(self) -> int:
-        return int(self.get("gpu_slots") or default_of("gpu_slots"))
 
     def shown(self, key: str) -> str:
         """The value as the place it came from spells it, for a message: ``PROVISION_ACCEL=tcg``,
@@ -345,7 +363,7 @@ def load(env: Mapping[str, str] | None = None, flags: Sequence[str] = (),
             values[spec.key] = Value(spec.key, environment[spec.key], f"environment {spec.env}")
         if spec.key in flag_values:
             values[spec.key] = Value(spec.key, flag_values[spec.key], f"flag --set {spec.key}")
-    return Settings(values, tuple(files))
+    return Settings(values, values_of({k: v.value for k, v in values.items()}), tuple(files))
 
 
 _installed: list[Settings] = []

@@ -10,7 +10,6 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -220,15 +219,15 @@ def build(
         say("image")(f"image: {stack.name}: {stage.stage} packages as {stage.ref} (network on)")
         stage_result = podman.build(context, stage.ref, flags, containerfile=stage.file, log=log)
         stages.append(StageImage(stage.stage, stage.ref, stage_result))
-    print(f"image: building {stack.name} as {ref} ({' '.join(flags.args()) or 'default isolation'}, network off)",
-          file=sys.stderr)
+    say("image")(f"image: building {stack.name} as {ref} ({' '.join(flags.args()) or 'default isolation'}, "
+                 "network off)")
     result = podman.build(context, ref, flags, offline=True, log=log)
     return BuiltImage(ref=ref, image_id=result.image_id, stack=stack.name, result=result, stages=tuple(stages))
 
 
-def host_flags() -> podman.BuildFlags:
+def host_flags(given: settings.Settings | None = None) -> podman.BuildFlags:
     """podman's flags on this host: what it needs, the setting podman_isolation over its isolation."""
-    s = settings.current()
+    s = given or settings.current()
     return podman.decide_flags(podman.probe_host(), s.get("podman_isolation"), s.shown("podman_isolation"))
 
 

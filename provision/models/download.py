@@ -104,11 +104,10 @@ def check_stall(value: float, what: str) -> float:
     return value
 
 
-def stall_seconds() -> float:
+def stall_seconds(given: settings.Settings | None = None) -> float:
     """How long a pull waits for the next byte before it counts the attempt as stalled (the
     setting stall_s, checked where it was read)."""
-    value: float = settings.current().typed("stall_s")
-    return value
+    return (given or settings.current()).typed.stall_s
 
 
 class Downloader:

@@ -15,6 +15,7 @@ from typing import Any
 
 from provision.core import settings
 from provision.core.errors import InvalidValue, RunCancelled
+from provision.core.settings import Settings
 from provision.models import remote, shortnames, transports
 from provision.models.download import check_stall, stall_seconds
 from provision.models.refs import _free_name, check_sha256
@@ -36,10 +37,9 @@ def human(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
-def ask_threshold() -> int:
+def ask_threshold(given: settings.Settings | None = None) -> int:
     """The setting ask_above in bytes (checked where it was read)."""
-    value: int = settings.current().typed("ask_above")
-    return value
+    return (given or settings.current()).typed.ask_above
 
 
 def plan(
@@ -50,7 +50,9 @@ def plan(
     name: str | None = None,
     authfile: Path | None = None,
     stall_s: float | None = None,
+    settings: Settings | None = None,
 ) -> Plan:
+    """What pulling ``arg`` fetches (``settings``: the command's, for stall_s and the registries)."""
     target = shortnames.expand(arg)
     parsed = transports.parse(target)
     if parsed is None:
@@ -67,9 +69,9 @@ def plan(
     if authfile is not None and not isinstance(parsed, RegistryRef):
         raise InvalidValue(f"--authfile with {target}: only registries (ollama, oci, docker) take it",
                            fix="drop --authfile")  # fmt: skip
-    stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
+    stall = stall_seconds(settings) if stall_s is None else check_stall(stall_s, "--stall-timeout")
     if isinstance(parsed, RegistryRef):
-        registry = parsed.registry or shortnames.registry(parsed.transport)
+        registry = parsed.registry or shortnames.registry(parsed.transport, settings)
         found = remote.registry_plan(parsed, name, registry, authfile, stall)
     else:
         found = remote.hf_plan(parsed, name, stall)
@@ -78,14 +80,16 @@ def plan(
 
 
 def pull(
-    store: Store, todo: Plan, *, stall_s: float | None = None, ask: Callable[[int], bool] | None = None
+    store: Store, todo: Plan, *, stall_s: float | None = None, ask: Callable[[int], bool] | None = None,
+    settings: Settings | None = None,
 ) -> PullResult:
-    """Fetch ``todo``; ``ask(size)`` (None: cannot ask) decides a pull above the threshold."""
+    """Fetch ``todo``; ``ask(size)`` (None: cannot ask) decides a pull above the threshold
+    (``settings``: the command's, for ask_above and stall_s)."""
     size = todo.size
     files = f"{len(todo.parts)} parts, " if len(todo.parts) > 1 else ""
     if size is not None:  # a URL's size is known only once its answer comes (then the progress shows it)
         store._say(f"{todo.name}: {files}{human(size)} from {todo.source}")
-    threshold = ask_threshold()
+    threshold = ask_threshold(settings)
     if size is not None and size > threshold:
         if ask is None:
             store._say(f"{todo.name}: above ask_above ({human(threshold)}); not asking (non-interactive), pulling")
@@ -94,7 +98,7 @@ def pull(
                                fix="run it again and answer y, or pass --yes")  # fmt: skip
     if len(todo.parts) == 1 and not todo.extras:
         return store.pull(todo.parts[0], stall_s=stall_s)
-    stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
+    stall = stall_seconds(settings) if stall_s is None else check_stall(stall_s, "--stall-timeout")
     extras = {}
     for extra, body in todo.extras:
         _install_small(store, extra.sha256, body)

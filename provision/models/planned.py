@@ -7,15 +7,15 @@ from pathlib import Path
 
 from provision.core import pins as pins_mod
 from provision.core.errors import UnknownModel
-from provision.core.settings import current
+from provision.core.settings import Settings, current
 from provision.models.records import DamagedRefError, load_ref
 from provision.models.refs import check_name
 
 
-def planned(name: str) -> Path:
+def planned(name: str, settings: Settings | None = None) -> Path:
     """The stored blob of ``name``, else where the catalog's file will be once pulled or synthesized.
     Reads the store's refs only: no directory made, no lock taken, no request sent."""
-    root, pins = current().cache / "models", pins_mod.default()
+    root, pins = (settings or current()).typed.cache / "models", pins_mod.default()
     ref_path = root / "refs" / f"{check_name(name)}.json"
     with contextlib.suppress(DamagedRefError):  # a damaged ref: the run says so; the plan shows the catalog's file
         if ref_path.is_file():

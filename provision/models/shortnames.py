@@ -31,9 +31,9 @@ class Shortname:
     origin: Path
 
 
-def user_file() -> Path:
+def user_file(given: settings.Settings | None = None) -> Path:
     """The setting shortnames (default: shortnames.conf in the user config directory)."""
-    return settings.current().path("shortnames") or Path(settings.default_of("shortnames"))
+    return (given or settings.current()).typed.shortnames
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -80,11 +80,11 @@ def expand(reference: str) -> str:
     return found.reference if found else reference
 
 
-def registry(transport: str) -> str:
+def registry(transport: str, given: settings.Settings | None = None) -> str:
     """The registry for a reference of ``transport`` that names none: the setting (ollama_registry,
     docker_registry), the user's shortnames file, ours."""
     key = REGISTRY_SETTING.get(transport)
-    s = settings.current()
+    s = given or settings.current()
     value: Any = s.get(key) if key else None
     where = s.shown(key) if key and value else ""
     if not value:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core import outputs
 from provision.core.errors import InvalidValue, ProvisionError, VmFailed, all_errors
 from provision.core.paths import cache_dir
@@ -158,7 +158,7 @@ def find(name: str) -> Entry:
 
 def process_start(pid: int) -> str | None:
     """The kernel's start time of ``pid`` as the entry stores it (None: gone, or a zombie)."""
-    start = procs.start_time(pid)
+    start = runner.start_time(pid)
     return None if start is None else str(start)
 
 
@@ -166,7 +166,7 @@ def descendants(pid: int) -> list[int]:
     """Every live process below ``pid`` (QEMU and its helpers sit in process groups of their own)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (ppid := procs.parent(int(entry.name))) is not None:
+        if entry.name.isdigit() and (ppid := runner.parent(int(entry.name))) is not None:
             children.setdefault(ppid, []).append(int(entry.name))
     out, todo = [], list(children.get(pid, []))
     while todo:
@@ -207,30 +207,27 @@ def stop(entry: Entry, grace_s: float = 90.0) -> bool:
     return False
 
 
-def spawn_supervisor(args: Sequence[str], log: Path) -> procs.Popen[bytes]:
+def spawn_supervisor(args: Sequence[str], log: Path) -> runner.Child:
     """`python -m provision ARGS` in its own session, detached from the terminal, output to ``log``.
     Not tied (``tie=False``) and not kept in this process's records: it is meant to outlive this
     process, and its entry (NAME.json) is what `ps` and `stop` find it by."""
-    records = procs.job_dir()
     with log.open("wb") as out:
-        proc: procs.Popen[bytes] = procs.spawn(
-            [sys.executable, "-m", "provision", *args], records, "serve-supervisor", tie=False,
-            stdin=procs.DEVNULL, stdout=out, stderr=procs.STDOUT,
-        )  # fmt: skip
-    procs.forget(proc.pid, records)
-    return proc
+        child = runner.start([sys.executable, "-m", "provision", *args], "serve-supervisor", tie=False,
+                             stdin=runner.DEVNULL, stdout=out, stderr=runner.STDOUT)  # fmt: skip
+    child.let_go()
+    return child
 
 
-def stop_supervisor(proc: procs.Popen[bytes], grace_s: float = 120.0) -> None:
+def stop_supervisor(proc: runner.Process, grace_s: float = 120.0) -> None:
     """Ctrl-C while it starts: SIGTERM, so it stops its guest as on Ctrl-C; SIGKILL after ``grace_s``."""
-    procs.stop_process(proc, grace_s=grace_s)
+    runner.stop_process(proc, grace_s=grace_s)
 
 
 def write_report(path: Path, data: dict[str, Any]) -> None:
     write_json_atomic(path, data)
 
 
-def wait_report(proc: procs.Popen[bytes], report: Path, log: Path) -> dict[str, Any]:
+def wait_report(proc: runner.Process, report: Path, log: Path) -> dict[str, Any]:
     """What the supervisor reported: ``{"entry": ...}`` once healthy; its error is raised here."""
     while True:
         if report.is_file():

@@ -66,10 +66,10 @@ def test_the_runner_names_a_missing_program_and_maps_failure_to_the_callers_code
         runner.run(["no-such-program-xyz"])
     with pytest.raises(errors.BuildFailed) as failed:
         runner.run(["sh", "-c", "echo one; echo two >&2; exit 3"], error=errors.BuildFailed, what="the step",
-                   fix="see above", stream=lambda _line: None)  # fmt: skip
+                   fix="see above", on_line=lambda _line: None)  # fmt: skip
     assert "the step exited 3:\none\ntwo" in failed.value.message and failed.value.fix == "see above"
     seen: list[str] = []
-    done = runner.run(["sh", "-c", "for i in 1 2 3 4; do echo $i; done"], stream=seen.append, tail=2)
+    done = runner.run(["sh", "-c", "for i in 1 2 3 4; do echo $i; done"], on_line=seen.append, tail=2)
     assert seen == ["1", "2", "3", "4"] and done.tail == ("3", "4") and done.ok
     with caplog.at_level(logging.INFO, logger="provision.run"):
         slow = runner.run(["sleep", "30"], timeout=0.5)
@@ -93,3 +93,57 @@ def test_every_cache_directory_named_in_the_code_is_in_the_layout_table():
     assert named and named <= set(paths.LAYOUT), named - set(paths.LAYOUT)
     with pytest.raises(AssertionError, match="not in provision/core/paths.py LAYOUT"):
         paths.cache_dir("somewhere-new")
+
+
+def test_q_prints_nothing_but_errors_and_the_route_line_is_a_log_line(tmp_path, monkeypatch, capsys):
+    # The host's real caches (host tools, images) plan the run; only the logs go to a fresh state dir.
+    monkeypatch.setenv("PROVISION_STATE", str(tmp_path / "state"))
+    argv = ["run", "--route", "cpu", "--dry-run", "--", "true"]
+    assert cli.main(argv) == 0
+    plain = capsys.readouterr()
+    assert "provision: route: cpu" in plain.err and "exec true" in plain.out  # what -q must take away
+    assert cli.main(["-q", *argv]) == 0
+    quiet = capsys.readouterr()
+    assert quiet.err == "" and quiet.out == plain.out  # the plan is the result: it stays
+    log = sorted((tmp_path / "state" / "logs").glob("*-run.log"))[-1].read_text()
+    assert "provision: route: cpu" in log  # hidden from the terminal, kept in the log file
+    assert cli.main(["-q", "run", "--route", "no-such-route", "--dry-run", "--", "true"]) != 0
+    assert capsys.readouterr().err.startswith("E0")  # errors still show under -q
+
+
+def test_a_child_gets_the_commands_file_and_flag_settings_while_os_environ_stays(sandbox, monkeypatch):
+    import os
+
+    from provision.core import settings
+
+    monkeypatch.delenv("PROVISION_GPU_SLOTS", raising=False)
+    echo = ["sh", "-c", 'printf "%s" "$PROVISION_GPU_SLOTS"']
+    with settings.installed(settings.load(flags=["gpu_slots=7"])):
+        assert runner.run(echo).out == "7"  # the command's --set, as the variable it stands for
+        assert runner.run(echo, env={"PATH": os.environ["PATH"]}).out == "7"  # also under an env of its own
+        child = runner.start(echo, "echo", stdout=runner.PIPE)
+        with child:
+            assert child.stdout is not None and child.stdout.read() == b"7"
+        assert "PROVISION_GPU_SLOTS" not in os.environ
+    assert runner.run(echo).out == ""  # the command is over: nothing was left behind
+    handed = settings.load(flags=["gpu_slots=5"])
+    assert runner.run(echo, settings=handed).out == "5"  # settings handed down beat a lookup
+
+
+def test_main_does_not_write_os_environ_while_the_command_runs(sandbox, capsys, monkeypatch):
+    import os
+
+    from provision.cli import output
+
+    monkeypatch.delenv("PROVISION_GPU_SLOTS", raising=False)
+    seen: list[str | None] = []
+    real_emit = output.emit
+
+    def emit(*args, **kw):  # the handler has run; the command's settings are still installed
+        seen.append(os.environ.get("PROVISION_GPU_SLOTS"))
+        return real_emit(*args, **kw)
+
+    monkeypatch.setattr(output, "emit", emit)
+    assert cli.main(["--set", "gpu_slots=7", "config", "show", "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)["data"]["settings"]}
+    assert rows["gpu_slots"]["value"] == "7" and seen == [None]

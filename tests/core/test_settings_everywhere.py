@@ -227,7 +227,7 @@ def test_main_installs_the_commands_settings_only_for_that_command(bare, monkeyp
     assert '"gpu_slots"' in capsys.readouterr().out
     assert settings.current().source("gpu_slots") == "default"
     monkeypatch.setenv("PROVISION_GPU_SLOTS", "3")
-    assert settings.current().gpu_slots == 3 and "PROVISION_GPU_SLOTS" not in settings.current().environ()
+    assert settings.current().typed.gpu_slots == 3 and "PROVISION_GPU_SLOTS" not in settings.current().environ()
 
 
 def test_config_show_gives_each_setting_its_type_and_source(bare, capsys):
@@ -240,3 +240,68 @@ def test_config_show_gives_each_setting_its_type_and_source(bare, capsys):
     assert set(rows) == set(settings.BY_KEY)
     assert (rows["accel"]["source"], rows["accel"]["type"]) == ("flag --set accel", "kvm/tcg")
     assert rows["stall_s"]["type"] == "seconds" and rows["apir_host_ggml"]["env"] == "PROVISION_APIR_HOST_GGML"
+
+
+def test_the_typed_values_are_the_specs_field_for_field():
+    """``Values`` is written out for mypy; it must stay SPECS: same keys, same order, each field's
+    type the Spec's kind (Optional exactly where the Spec has no fixed default)."""
+    import typing
+    from dataclasses import fields
+
+    hints = typing.get_type_hints(settings.Values)
+    assert [f.name for f in fields(settings.Values)] == [s.key for s in settings.SPECS]
+    for spec in settings.SPECS:
+        args = set(typing.get_args(hints[spec.key]))
+        optional = type(None) in args
+        assert optional == (spec.default is None), spec.key
+        base = hints[spec.key] if not optional else typing.Union[tuple(args - {type(None)})]  # noqa: UP007
+        if typing.get_origin(base) is typing.Literal:
+            assert "/".join(typing.get_args(base)) == spec.kind.name, spec.key  # choice("kvm", "tcg") -> kvm/tcg
+        else:
+            assert base is spec.kind.python, spec.key
+
+
+def test_load_gives_each_value_its_python_type(bare):
+    s = settings.load(flags=["gpu_slots=3", "stall_s=0.5", "ask_above=1K", "guest_debug=1", "accel=tcg"])
+    assert (s.typed.gpu_slots, s.typed.stall_s, s.typed.ask_above, s.typed.guest_debug) == (3, 0.5, 1024, True)
+    assert s.typed.accel == "tcg" and s.typed.host_tools is None and isinstance(s.typed.cache, Path)
+
+
+def _given(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[settings.Settings], Any]]:
+    """setting -> what its module reads, handed the settings instead of looking them up."""
+    from provision.core import catalog, layout, paths
+    from provision.hosts import RunRequest
+    from provision.hosts.linux import accel, apir_host, slots
+    from provision.hosts.linux import facts as linux
+    from provision.hosts.linux import tools as host_tools
+    from provision.images import build as images
+    from provision.models import download, fetch, shortnames
+
+    stack = catalog.load().get("llama-linux")
+    return {
+        "cache": paths.cache_root,
+        "state": paths.state_root,
+        "data_root": lambda s: layout.data_root(s) / "containerfiles",
+        "host_tools": lambda s: host_tools.locate(settings=s).root,  # type: ignore[union-attr]
+        "accel": lambda s: accel.for_run(s, root=tmp).accel,
+        "gpu_slots": slots.slot_count,
+        "guest_debug": lambda s: linux.gather(RunRequest(stack, False, ("true",)), dry_run=True,
+                                              settings=s).guest_debug,  # fmt: skip
+        "apir_host_ggml": apir_host.own_ggml,
+        "stall_s": download.stall_seconds,
+        "podman_isolation": lambda s: images.host_flags(s).isolation,
+        "ask_above": fetch.ask_threshold,
+        "shortnames": shortnames.user_file,
+        "ollama_registry": lambda s: shortnames.registry("ollama", s),
+        "docker_registry": lambda s: shortnames.registry("docker", s),
+    }
+
+
+@pytest.mark.parametrize("key", [s.key for s in settings.SPECS])
+def test_each_module_reads_the_settings_it_is_handed_over_what_is_installed(key, bare, tmp_path, monkeypatch):
+    value, read, want = _readers(tmp_path, monkeypatch)[key]
+    given = _given(tmp_path, monkeypatch)
+    assert set(given) == set(settings.BY_KEY)
+    handed = settings.load(flags=[f"{key}={value}"])
+    with settings.installed(settings.load()):  # what main installed: the defaults here
+        assert given[key](handed) == want

@@ -9,12 +9,10 @@ the machine and the tool versions, then executes it: podman steps with the plan'
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 from provision.adapters import lsof, podman_machine, runner
-from provision.adapters.runner import probe as run_tool
 from provision.core import catalog, pins
 from provision.core.catalog import Stack
 from provision.core.errors import (
@@ -37,7 +35,7 @@ from provision.hosts.darwin.runplan import Publish, image_repo, plan_run
 
 
 def observe_machine(name: str, env: dict[str, str]) -> podman_machine.MachineInfo | None:
-    res = run_tool(podman_machine.inspect_cmd(name), env={**env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"})
+    res = runner.probe(podman_machine.inspect_cmd(name), env={**env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"})
     if res is None:
         raise ToolMissing("podman is not installed", fix="install podman >= 5.2 (the pkg installer or Homebrew)")
     if res[0] != 0:
@@ -48,8 +46,8 @@ def observe_machine(name: str, env: dict[str, str]) -> podman_machine.MachineInf
 def check_pairing(b: KrunBundle, env: dict[str, str]) -> None:
     """E032 before anything starts when podman, krunkit and libkrun do not pair."""
     compat = pins.default().compat
-    pv = run_tool(podman_machine.version_cmd(), env=env)
-    kv = run_tool([str(b.krunkit), "--version"], env=env)
+    pv = runner.probe(podman_machine.version_cmd(), env=env)
+    kv = runner.probe([str(b.krunkit), "--version"], env=env)
     try:
         podman_v = versions.parse_podman(pv[1]) if pv else None
         krunkit_v = versions.parse_krunkit(kv[1]) if kv else None
@@ -81,7 +79,7 @@ def verify_virglrenderer(lsof_output: str, expected: str) -> str:
 def newest_image(stack: Stack) -> str:
     """The most recent image `provision image build STACK` made (podman lists newest first)."""
     repo = image_repo(stack)
-    res = run_tool(["podman", "images", "--filter", f"reference={repo}", "--format", "{{.Repository}}:{{.Tag}}"])
+    res = runner.probe(["podman", "images", "--filter", f"reference={repo}", "--format", "{{.Repository}}:{{.Tag}}"])
     if res is None:
         raise ToolMissing("podman is not installed", fix="install podman >= 5.2")
     refs = [line.strip() for line in res[1].splitlines() if line.strip().startswith(repo + ":")]
@@ -104,7 +102,7 @@ class DarwinBackend:
         for a new machine; a launch without podman is E006."""
         env = dict(os.environ) if env is None else env
         b = bundle_mod.locate(self.krun, env=env, route=request.route)
-        ask = not dry_run or (here and shutil.which("podman") is not None)
+        ask = not dry_run or (here and runner.found("podman") is not None)
         machine = observe_machine(request.machine, env) if ask else None
         plan = plan_launch(
             request,
@@ -139,7 +137,7 @@ class DarwinBackend:
                     f"`{' '.join(step.argv)}` exited {proc.status}: {tail}",
                     fix="run `provision doctor`; `krunkit: unexpected argument` means version skew",
                 )
-        out = run_tool(list(plan.verify.argv), env=child)
+        out = runner.probe(list(plan.verify.argv), env=child)
         if out is None:
             raise ToolMissing("lsof is not installed", fix="lsof ships with macOS; check PATH")
         mapped = verify_virglrenderer(out[1], plan.expect_virglrenderer)

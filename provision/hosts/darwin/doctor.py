@@ -6,12 +6,10 @@ tests drive them with real artifacts and recorded outputs; ``darwin_checks`` doe
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import dylib, lsof, podman_machine
-from provision.adapters.runner import probe as run_tool
+from provision.adapters import dylib, lsof, podman_machine, runner
 from provision.core.diagnostics import Check, DoctorContext
 from provision.core.errors import KrunBundleMissing
 from provision.hosts.darwin import bundle as bundle_mod
@@ -233,9 +231,9 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
     # the bundle of the route the machine was last launched on: that is the virglrenderer in force
     c, b = check_bundle(ctx.krun, ctx.env, ctx.home, machine_state.recorded_route(machine_name))
     checks.append(c)
-    podman = shutil.which("podman", path=ctx.env.get("PATH"))
-    pv_out = run_tool([podman, "--version"]) if podman else None
-    kv_out = run_tool([str(b.krunkit), "--version"]) if b else None
+    podman = runner.found("podman", path=ctx.env.get("PATH"))
+    pv_out = runner.probe([podman, "--version"]) if podman else None
+    kv_out = runner.probe([str(b.krunkit), "--version"]) if b else None
     libkrun_v = libkrun_version(b) if b else None
     vchecks, kv = check_versions(ctx.compat, pv_out[1] if pv_out else None, kv_out[1] if kv_out else None, libkrun_v)
     checks += vchecks
@@ -255,14 +253,14 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
             versions.required_symbols(ctx.compat, kv),
         )
         checks.append(_static_virgl_link(b))
-        lsof_out = run_tool(lsof.command_cmd("krunkit"))
+        lsof_out = runner.probe(lsof.command_cmd("krunkit"))
         checks.append(check_loaded_virglrenderer(lsof_out[1] if lsof_out else None, b.virglrenderer))
         checks.append(check_apir_bundle(b))
     checks.append(check_apir_env(ctx.env, machine_state.recorded_route(machine_name)))
     checks.append(check_dyld(ctx.env))
     machine = None
     if podman:
-        res = run_tool(
+        res = runner.probe(
             podman_machine.inspect_cmd(machine_name), env={**ctx.env, "CONTAINERS_MACHINE_PROVIDER": "libkrun"}
         )
         if res and res[0] == 0:
@@ -275,11 +273,11 @@ def darwin_checks(ctx: DoctorContext) -> list[Check]:
 
 def _static_virgl_link(b: KrunBundle) -> Check:
     real = b.libkrun.resolve()
-    listed = run_tool(dylib.otool_l_cmd(real))
+    listed = runner.probe(dylib.otool_l_cmd(real))
     if listed is None:
         return Check("libkrun.links-virglrenderer", "skip", "otool is not installed (Xcode command line tools)")
     linked = dylib.find_linked(dylib.parse_otool_L(listed[1]), "libvirglrenderer")
-    loads = run_tool(dylib.otool_load_commands_cmd(real))
+    loads = runner.probe(dylib.otool_load_commands_cmd(real))
     rpaths = dylib.parse_rpaths(loads[1]) if loads else []
     resolved = dylib.resolve_install_name(linked, binary=real, rpaths=rpaths) if linked else []
     return check_linked_virglrenderer(linked, resolved, b.virglrenderer)
@@ -288,7 +286,7 @@ def _static_virgl_link(b: KrunBundle) -> Check:
 def _guest(ctx: DoctorContext, podman: str) -> list[Check]:
     from provision.hosts.darwin.guest_checks import GUEST_SCRIPT, guest_checks
 
-    res = run_tool(
+    res = runner.probe(
         [
             podman,
             "run",

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import ProvisionError, VmFailed
 
 
@@ -19,16 +19,17 @@ class ProcessGuest:
 
     def __init__(self, argv: list[str], *, out: BinaryIO, err: BinaryIO) -> None:
         self.argv, self.out, self.err = argv, out, err
-        self.proc: procs.Popen[bytes] | None = None
-        self.run_dir: Path | None = None
+        self.proc: runner.Child | None = None
         self._booted: float | None = None
 
     def start(self) -> None:
-        self.run_dir = procs.job_dir()
-        self.proc = procs.spawn(
-            self.argv, self.run_dir, "podman", stdin=procs.DEVNULL, stdout=self.out, stderr=self.err
-        )
+        self.proc = runner.start(self.argv, "podman", stdin=runner.DEVNULL, stdout=self.out, stderr=self.err)
         self._booted = time.monotonic()
+
+    @property
+    def run_dir(self) -> Path | None:
+        """Where its record is kept while it runs."""
+        return self.proc.run_dir if self.proc is not None else None
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -37,8 +38,8 @@ class ProcessGuest:
         return self._booted
 
     def stop(self) -> None:
-        if self.proc is not None and self.run_dir is not None:
-            procs.finish(self.proc, self.run_dir, grace_s=30.0)
+        if self.proc is not None:
+            self.proc.finish(grace_s=30.0)
 
     def failure(self) -> ProvisionError:
         code = self.proc.returncode if self.proc is not None else None

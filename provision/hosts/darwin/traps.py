@@ -18,14 +18,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import podman_machine
-from provision.adapters.program import run_tool
+from provision.adapters import podman_machine, runner
 from provision.core import paths
 from provision.core.diagnostics import Check, DoctorContext
 from provision.hosts.darwin import machine_state, versions
@@ -235,9 +233,9 @@ def host_ram_mib() -> int | None:
         return None
 
 
-def gather(ctx: DoctorContext, run: Runner = run_tool) -> MacFacts:
+def gather(ctx: DoctorContext, run: Runner = runner.probe) -> MacFacts:
     machine = ctx.machine or podman_machine.DEFAULT_MACHINE
-    podman = shutil.which("podman", path=ctx.env.get("PATH")) or "podman"
+    podman = runner.found("podman", path=ctx.env.get("PATH")) or "podman"
     pv = run([podman, "--version"])
     conf = read_containers_conf(containers_conf_files(ctx.env, ctx.home))
     krunkit, _ = find_helper("krunkit", ctx.env, conf, Path(podman).resolve().parent)
@@ -262,5 +260,5 @@ def gather(ctx: DoctorContext, run: Runner = run_tool) -> MacFacts:
     )
 
 
-def trap_checks(ctx: DoctorContext, run: Runner = run_tool) -> list[Check]:
+def trap_checks(ctx: DoctorContext, run: Runner = runner.probe) -> list[Check]:
     return checks(gather(ctx, run), ctx.compat)

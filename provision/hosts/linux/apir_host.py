@@ -62,22 +62,23 @@ def _ggml() -> apir_route.HostGgml:
 HOST_GGML_ENV = settings.BY_KEY["apir_host_ggml"].env
 
 
-def _bundle_ggml(where: Path) -> apir_route.HostGgml:
+def _bundle_ggml(where: Path, given: settings.Settings | None = None) -> apir_route.HostGgml:
     lib = PurePosixPath(where)
     for name in ("cuda", "vulkan"):
         v = ggml_build.variant(name)
         if Path(str(lib / str(v.ggml_library))).is_file():
             return apir_route.HostGgml(lib / "libggml-virtgpu-backend.so", lib / str(v.ggml_library), str(v.ggml_reg))
+    shown = (given or settings.current()).shown("apir_host_ggml")
     raise HostToolsMissing(
-        f"{settings.current().shown('apir_host_ggml')}: {where} holds neither libggml-cuda.so nor libggml-vulkan.so",
+        f"{shown}: {where} holds neither libggml-cuda.so nor libggml-vulkan.so",
         fix=f"point {HOST_GGML_ENV} (or apir_host_ggml in the config file) at the bin/ of "
         "`provision ggml build --variant cuda` (or vulkan)",
     )
 
 
-def own_ggml() -> Path | None:
+def own_ggml(given: settings.Settings | None = None) -> Path | None:
     """The setting apir_host_ggml: a bundle's host's own ggml build, or None."""
-    return settings.current().path("apir_host_ggml")
+    return (given or settings.current()).typed.apir_host_ggml
 
 
 def locate(tools: host_tools.HostTools | None = None) -> ApirHost | None:

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import VmFailed
 from provision.hosts.linux import tools as host_tools
 from provision.hosts.linux.runplan import IN_CHROOT
@@ -48,9 +48,7 @@ def host_native_bench(model: Path, timeout: float = 600) -> str | None:
     else:
         program[2] = str(model)
         argv = program
-    proc = procs.run(
-        argv, "llama-bench", text=True, timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env}
-    )
-    if proc.returncode != 0:
-        raise VmFailed(f"host llama-bench failed ({proc.returncode}): {proc.stderr.strip()[-500:]}")
-    return proc.stdout
+    done = runner.run(argv, name="llama-bench", timeout=timeout, env=None if tools.is_chroot else {**os.environ, **env})
+    if done.status != 0:
+        raise VmFailed(f"host llama-bench failed ({done.status}): {done.err.strip()[-500:]}")
+    return done.out

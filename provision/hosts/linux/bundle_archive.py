@@ -20,7 +20,7 @@ import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.core.paths import cache_dir
 from provision.images.sources import sha256_file
@@ -77,7 +77,7 @@ def pack(staged: Path, dest: Path, *, level: int = 10) -> None:
     try:
         if kind == "zst":
             _pack_zstd(staged, partial, dest, level)
-        elif kind == "xz" and shutil.which("xz"):
+        elif kind == "xz" and runner.found("xz"):
             # xz -T0 uses every core: a bundle with guests is ~300 MB of input, minutes on one core.
             _pack_pipe(["xz", "-q", "-T0", f"-{min(level, 9)}", "-c"], staged, partial, dest)
         elif kind == "xz":
@@ -95,7 +95,7 @@ def pack(staged: Path, dest: Path, *, level: int = 10) -> None:
 
 
 def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
-    if shutil.which("zstd") is None:
+    if runner.found("zstd") is None:
         raise HostToolsMissing(
             "zstd is not installed", fix=f"apt-get install zstd, or name the bundle {dest.stem}.xz (no zstd needed)"
         )
@@ -103,18 +103,14 @@ def _pack_zstd(staged: Path, partial: Path, dest: Path, level: int) -> None:
 
 
 def _pack_pipe(compressor: list[str], staged: Path, partial: Path, dest: Path) -> None:
-    run_dir = procs.job_dir()
     with partial.open("wb") as sink:
         # On the owned process tree: a killed provision takes its compressor with it.
-        proc = procs.spawn(compressor, run_dir, compressor[0], stdin=procs.PIPE, stdout=sink)
-        try:
+        with runner.start(compressor, compressor[0], stdin=runner.PIPE, stdout=sink) as proc:
             assert proc.stdin is not None
             with tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT) as tar:
                 _add_files(tar, staged)
             proc.stdin.close()
             proc.wait()
-        finally:
-            procs.finish(proc, run_dir)
         if proc.returncode != 0:
             raise HostToolsMissing(
                 f"{compressor[0]} failed writing {dest}", fix=f"check the free space where {dest} goes"
@@ -134,7 +130,7 @@ def install(archive: Path, dest: Path | None = None) -> Path:
             fix="pass the file that `provision host-tools --bundle OUT.tar.zst` (or OUT.tar.xz, OUT.tar.gz) wrote",
         )
     kind = sniff(archive)
-    if kind == "zst" and shutil.which("zstd") is None:
+    if kind == "zst" and runner.found("zstd") is None:
         raise HostToolsMissing(
             f"{archive} is zstd-compressed and this host has no zstd program",
             fix="install zstd (Debian/Ubuntu: apt-get install zstd), or make the bundle as OUT.tar.xz or OUT.tar.gz, "
@@ -182,8 +178,7 @@ def _unpack(archive: Path, into: Path, kind: str) -> None:
             ) from None
         _refuse(archive, bad)
         return
-    run_dir = procs.job_dir()
-    proc = procs.spawn(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], run_dir, "zstd", stdout=procs.PIPE)
+    proc = runner.start(["zstd", "-q", "-d", "-c", "--long=27", str(archive)], "zstd", stdout=runner.PIPE)
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -195,7 +190,7 @@ def _unpack(archive: Path, into: Path, kind: str) -> None:
     finally:
         proc.stdout.close()
         proc.wait()
-        procs.finish(proc, run_dir)
+        proc.finish()
     if proc.returncode != 0:
         raise HostToolsMissing(f"zstd could not read {archive}", fix="copy the bundle again; it is damaged")
     _refuse(archive, bad)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.hosts.linux import watchdog
 
 
@@ -20,14 +20,14 @@ from provision.hosts.linux import watchdog
 class Companions:
     qemu_pid: int
     run_dir: Path
-    render_server: procs.Record | None = None
+    render_server: runner.Record | None = None
 
     def poll(self) -> str | None:
         """What died (a sentence), or None while every companion lives."""
         if self.render_server is None:
             for pid, name in watchdog.descendants(self.qemu_pid).items():
-                if watchdog.RENDER_SERVER.match(name) and procs.parent(pid) == self.qemu_pid:
-                    self.render_server = procs.adopt(pid, self.run_dir, "render-server")
+                if watchdog.RENDER_SERVER.match(name) and runner.parent(pid) == self.qemu_pid:
+                    self.render_server = runner.adopt(pid, self.run_dir, "render-server")
                     break
         elif not self.render_server.alive():
             return f"the render server (pid {self.render_server.pid}, virgl_render_server) exited"

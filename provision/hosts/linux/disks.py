@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from provision.adapters import partials, procs
+from provision.adapters import partials, runner
 from provision.core import locks
-from provision.core.errors import ImageBuildFailed, ToolMissing
+from provision.core.errors import ImageBuildFailed
 from provision.core.paths import cache_dir
 from provision.images import build as images
 
@@ -48,15 +48,14 @@ class RootDisk:
 
 
 def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None:
-    if not shutil.which("mkfs.ext4"):
-        raise ToolMissing("mkfs.ext4 is not installed", fix="apt-get install e2fsprogs (scripts/setup-debian does)")
-    du = procs.run(["du", "-sb", str(source_dir)], "du", text=True)
-    if du.returncode != 0:
-        raise ImageBuildFailed(f"du -sb {source_dir} failed: {du.stderr.strip()[-400:]}")
-    used = int(du.stdout.split()[0])
+    runner.which("mkfs.ext4", fix="apt-get install e2fsprogs (scripts/setup-debian does)")
+    du = runner.run(["du", "-sb", str(source_dir)])
+    if du.status != 0:
+        raise ImageBuildFailed(f"du -sb {source_dir} failed: {du.err.strip()[-400:]}")
+    used = int(du.out.split()[0])
     # ext4 metadata and block rounding of many small files need room beyond `du`.
     size_mib = int(used * 1.3 / 2**20) + extra_mib
-    proc = procs.run(
+    done = runner.run(
         [
             "mkfs.ext4",
             "-q",
@@ -70,11 +69,9 @@ def _mkfs(source_dir: Path, dest: Path, label: str, extra_mib: int = 64) -> None
             str(dest),
             f"{size_mib}M",
         ],
-        "mkfs.ext4",
-        text=True,
     )
-    if proc.returncode != 0:
-        raise ImageBuildFailed(f"mkfs.ext4 -d {source_dir} {dest} failed: {proc.stderr.strip()[-800:]}")
+    if done.status != 0:
+        raise ImageBuildFailed(f"mkfs.ext4 -d {source_dir} {dest} failed: {done.err.strip()[-800:]}")
 
 
 def _boot_files(rootfs: Path) -> tuple[Path, Path]:

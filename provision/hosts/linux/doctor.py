@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from provision.adapters import qemu
-from provision.adapters.program import run_tool
+from provision.adapters import qemu, runner
 from provision.core.diagnostics import Check, DoctorContext
 from provision.hosts.linux import accel, display
 from provision.hosts.linux import tools as host_tools
@@ -118,7 +117,7 @@ def linux_checks(ctx: DoctorContext) -> list[Check]:
     if tools is not None and qemu_path is not None and (not tools.is_chroot or os.geteuid() == 0):
         inside = "/" + host_tools.QEMU if tools.is_chroot else str(qemu_path)
         help_argv = tools.wrap([inside, "-device", f"{qemu.GPU_DEVICE},help"])
-        help_out = run_tool(help_argv, timeout=60) or (127, "not runnable")
+        help_out = runner.probe(help_argv, timeout=60) or (127, "not runnable")
     checks = check_qemu(tools, qemu_path, help_out)
     lib = host_tools.find(tools, host_tools.VIRGL_LIB_GLOB, env) if tools else None
     server = host_tools.find(tools, host_tools.RENDER_SERVER, env) if tools else None

@@ -7,7 +7,7 @@ catalog rules (E007, the request) -> host tools (E020) -> disks -> GPU slot (E02
 display: a render node, or SDL's offscreen driver over EGL, display.py) -> the guest's exit status,
 or E021 on the deadline. ``execute`` starts exactly the plan's argv, environment, user and working
 directory; QEMU and its render server are stopped and reaped on every path out; started by
-adapters/procs.py, they also die with a killed provision.
+the runner's owned process tree, they also die with a killed provision.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import VmFailed
 from provision.core.log import say as progress
 from provision.hosts import RunIO, RunRequest, RunResult
@@ -59,7 +59,7 @@ def execute(plan: runplan.RunPlan, io: RunIO) -> RunResult:
     run_dir = plan.run_dir
     vmdisk.write_job_disk(plan.job, run_dir / "job.img")
     deadline = time.monotonic() + plan.timeout_s
-    procs.clean_leftovers(say)  # a killed provision's guests must not hold slots
+    runner.clean_leftovers(say)  # a killed provision's guests must not hold slots
     slot_deadline = deadline if plan.slot_wait_s is None else min(deadline, time.monotonic() + plan.slot_wait_s)
     slot = slots.acquire(slot_deadline, cancel=io.cancel) if plan.gpu else None
     try:
@@ -106,19 +106,20 @@ def _boot(
     (run_dir / "qemu.argv").write_text(shlex.join(plan.argv) + "\n")
     _write_plan(plan)
     env = dict(plan.env)
-    proc: procs.Popen[bytes] | None = None
+    proc: runner.Child | None = None
     started = time.monotonic()
     try:
         with (run_dir / "qemu.log").open("wb") as qlog:
-            proc = procs.spawn(
+            proc = runner.start(
                 plan.argv,
-                run_dir,
                 "qemu",
+                run_dir=run_dir,
                 keep_fds=keep_fds,
+                resolve=False,
                 cwd=run_dir,
-                stdin=procs.DEVNULL,
+                stdin=runner.DEVNULL,
                 stdout=qlog,
-                stderr=procs.STDOUT,
+                stderr=runner.STDOUT,
                 # In the chroot, env -i in argv sets QEMU's whole environment; the wrapper keeps provision's.
                 env={**os.environ, **env} if plan.inherit_env else None,
             )
@@ -132,8 +133,8 @@ def _boot(
         return RunResult(status, run_dir, proc.pid, time.monotonic() - started, plan.accel)
     finally:
         if proc is not None:
-            procs.finish(proc, run_dir, grace_s=3.0)
-        procs.stop(run_dir)  # the render server QEMU started (a process group of its own)
+            proc.finish(grace_s=3.0)
+        runner.stop_run(run_dir)  # the render server QEMU started (a process group of its own)
         run_dirs.finished(run_dir)
         run_dirs.prune()
 

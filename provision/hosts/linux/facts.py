@@ -22,7 +22,9 @@ from provision.hosts.linux import tools as host_tools
 AT_RUN_TIME = "(made at run time)"
 
 
-def gather(req: RunRequest, *, dry_run: bool) -> runplan.HostFacts:
+def gather(
+    req: RunRequest, *, dry_run: bool, settings: settings_mod.Settings | None = None
+) -> runplan.HostFacts:
     stack, gpu = req.stack, req.gpu
     if "linux" not in stack.hosts:
         raise VmFailed(f"stack {stack.name!r} is not made for Linux hosts (hosts: {', '.join(stack.hosts)})")
@@ -55,14 +57,14 @@ def gather(req: RunRequest, *, dry_run: bool) -> runplan.HostFacts:
         display_env=gl_display.run_env(tools.root if tools.is_chroot else Path("/")) if gpu and not render_node
         else {},
         watch_workers=apir,
-        guest_debug=bool(settings_mod.current().typed("guest_debug")),
+        guest_debug=(settings or settings_mod.current()).typed.guest_debug,
         user=isolation.run_user(tools.root, is_chroot=tools.is_chroot, accel=accel, gpu=gpu, dry_run=dry_run),
     )
 
 
-def _cache(name: str) -> Path:
+def _cache(name: str, settings: settings_mod.Settings | None = None) -> Path:
     """Where the cache keeps ``name``, made only when a run writes there."""
-    return settings_mod.current().cache / name
+    return (settings or settings_mod.current()).typed.cache / name
 
 
 def _tools(stack: Stack, gpu: bool) -> host_tools.HostTools:

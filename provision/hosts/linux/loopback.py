@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.adapters.chroot import Chroot
 from provision.apir import ggml as ggml_build
 from provision.apir import ops as apir_ops
@@ -172,20 +172,17 @@ class Loopback:
         return ["/usr/bin/env", "-i", *(f"{k}={v}" for k, v in clean.items()), *program]
 
     def test_backend_ops(self, args: Sequence[str], timeout_s: float = 900) -> tuple[int, str]:
-        try:
-            proc = procs.run(self.argv([f"{self.where.bin}/test-backend-ops", *args]), "apir-loopback",
-                             timeout=timeout_s, text=True, stderr=procs.STDOUT)
-        except procs.TimeoutExpired as exc:
-            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else exc.stdout or ""
-            return 124, out
-        return proc.returncode, proc.stdout
+        lines: list[str] = []  # all of it, also what came before a timeout: the report parses every case
+        done = runner.run(self.argv([f"{self.where.bin}/test-backend-ops", *args]), name="apir-loopback",
+                          timeout=timeout_s, on_line=lines.append)  # fmt: skip
+        return done.status, "".join(line + "\n" for line in lines)
 
     def build(self, target: str) -> None:
         script = build_script(guest_patches(), target, self.where)
-        proc = procs.run(self.argv(["sh", "-c", script]), "apir-loopback-build", text=True, stderr=procs.STDOUT)
-        if proc.returncode != 0:
+        done = runner.run(self.argv(["sh", "-c", script]), name="apir-loopback-build", stderr=runner.STDOUT)
+        if done.status != 0:
             raise HostToolsMissing(
-                "building the APIR loopback failed: " + proc.stdout[-1500:],
+                "building the APIR loopback failed: " + done.out[-1500:],
                 fix="see the compiler output above; the host ggml and the pinned tree must be the same version",
             )
 

@@ -10,7 +10,7 @@ import shutil
 import time
 from pathlib import Path
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.paths import cache_dir
 
 KEEP_RUNS = 20
@@ -42,7 +42,7 @@ def prune() -> None:
             mtime = run.stat().st_mtime
             if (run / FINISHED).exists():
                 done.append((mtime, run))
-            elif now - mtime > ABANDONED_AFTER_S and not procs.records(run):
+            elif now - mtime > ABANDONED_AFTER_S and not runner.records(run):
                 shutil.rmtree(run, ignore_errors=True)
         except OSError:
             continue  # pruned by another job just now

@@ -21,9 +21,9 @@ ENV_VAR = settings.BY_KEY["gpu_slots"].env
 DEFAULT_SLOTS = int(settings.default_of("gpu_slots"))
 
 
-def slot_count() -> int:
+def slot_count(given: settings.Settings | None = None) -> int:
     """The setting ``gpu_slots`` (checked where it was read: a file, the environment or --set)."""
-    return settings.current().gpu_slots
+    return (given or settings.current()).typed.gpu_slots
 
 
 @dataclass

@@ -20,20 +20,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import debootstrap, partials, procs, qemu
+from provision.adapters import debootstrap, partials, qemu, runner
 from provision.adapters.chroot import Chroot
 from provision.core import locks
 from provision.core import pins as pins_mod
 from provision.core import settings as settings_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
+from provision.core.log import say
 from provision.core.paths import cache_dir
 from provision.hosts.linux import bundle_archive as bundle_mod
 from provision.hosts.linux import guest_user
@@ -108,7 +107,7 @@ def locate(
     command's, ``settings.current()`` by default; ``env``: whose PATH finds the host's QEMU).
     """
     env = os.environ if env is None else env
-    named = (settings or settings_mod.current()).path("host_tools")
+    named = (settings or settings_mod.current()).typed.host_tools
     if named:
         return HostTools(named, "env", bundle=bundle_mod.is_bundle(named))
     root = cached_root(pins)
@@ -117,7 +116,7 @@ def locate(
     installed = bundle_mod.default_install_dir()
     if bundle_mod.is_bundle(installed):
         return HostTools(installed, "bundle", bundle=True)
-    if shutil.which("qemu-system-x86_64", path=env.get("PATH")):
+    if runner.found("qemu-system-x86_64", path=env.get("PATH")):
         return HostTools(Path("/"), "host")
     return None
 
@@ -128,7 +127,7 @@ def find(tools: HostTools, rel: str, env: Mapping[str, str] | None = None) -> Pa
     if found and found[0].exists():
         return found[0]
     if tools.root.resolve() == Path("/") and rel.startswith("usr/bin/"):
-        which = shutil.which(Path(rel).name, path=(os.environ if env is None else env).get("PATH"))
+        which = runner.found(Path(rel).name, path=(os.environ if env is None else env).get("PATH"))
         return Path(which) if which else None
     return None
 
@@ -160,11 +159,11 @@ def _files_check(tools: HostTools) -> list[Check]:
     return checks
 
 
-def _fix(tools: HostTools | None) -> str:
+def _fix(tools: HostTools | None, settings: settings_mod.Settings | None = None) -> str:
     if tools is not None and tools.bundle:
         return "install the bundle again: `provision host-tools --from OUT.tar.zst`"
     if tools is not None and tools.source == "env":
-        s = settings_mod.current()
+        s = settings or settings_mod.current()
         return (f"point host_tools at a chroot made by `provision host-tools` (now {s.shown('host_tools')}), "
                 f"or {s.unset_hint('host_tools')}")  # fmt: skip
     return "run `provision host-tools` (makes a Debian sid chroot with the pinned QEMU, virglrenderer and Mesa's EGL)"
@@ -227,22 +226,11 @@ def require(tools: HostTools | None = None, *, gpu: bool) -> HostTools:
 def _run(argv: list[str], log: Callable[[str], None], **kw: Any) -> None:
     """Run one step, streaming its output to ``log`` (long builds show progress)."""
     log("+ " + " ".join(argv[-12:]) if len(argv) > 12 else "+ " + " ".join(argv))
-    run_dir = procs.job_dir()
-    proc = procs.spawn(argv, run_dir, "host-tools", stdout=procs.PIPE, stderr=procs.STDOUT, text=True, **kw)
-    tail: list[str] = []
-    assert proc.stdout is not None
-    try:
-        for raw in proc.stdout:
-            line = raw.rstrip("\n")
-            log(line)
-            tail = (tail + [line])[-25:]
-        proc.wait()
-    finally:
-        procs.finish(proc, run_dir)
-    if proc.returncode != 0:
+    done = runner.run(argv, name="host-tools", on_line=log, **kw)
+    if done.status != 0:
         raise HostToolsMissing(
-            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {proc.returncode}:\n"
-            + "\n".join(tail),
+            f"making the host-tools chroot failed: `{' '.join(argv[-6:])}` exited {done.status}:\n"
+            + "\n".join(done.tail),
             fix="check network access to Debian's package mirror, then rerun `provision host-tools`",
         )
 
@@ -252,7 +240,7 @@ def make(
 ) -> HostTools:
     """Build (or reuse) the cached sid chroot with the pinned host packages."""
     pins = pins or pins_mod.default()
-    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    log = log or say("host-tools")
     if os.geteuid() != 0:
         raise HostToolsMissing(
             "making the host-tools chroot needs root (debootstrap, chroot)", fix="run `sudo provision host-tools`"

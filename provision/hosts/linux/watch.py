@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from provision.adapters import procs
+from provision.adapters import runner
 from provision.core.errors import RunCancelled, RunTimeout, VmFailed
 from provision.hosts.linux import companions, logs, watchdog
 
@@ -57,7 +57,7 @@ def _fatal(lines: list[str]) -> watchdog.Death | None:
 
 
 def watch(
-    proc: procs.Popen[bytes],
+    proc: runner.Process,
     run_dir: Path,
     deadline: float,
     out: BinaryIO,
@@ -88,7 +88,7 @@ def watch(
 
 
 def _loop(
-    proc: procs.Popen[bytes],
+    proc: runner.Process,
     run_dir: Path,
     deadline: float,
     stdout: logs.Tail,
@@ -111,7 +111,7 @@ def _loop(
         if workers is not None:
             death = _fatal(qemu_log.read()) or _fatal(guest_lines) or workers.poll(time.monotonic())
             if death is not None:
-                procs.stop_process(proc, grace_s=2.0)
+                runner.stop_process(proc, grace_s=2.0)
                 raise death.error()
         if proc.poll() is not None:
             break
@@ -119,14 +119,14 @@ def _loop(
             if boot[0].search(INIT_LINE):
                 boot = None  # it booted: from here only the run's own deadline counts
             elif time.monotonic() >= boot[1]:
-                procs.stop_process(proc, grace_s=2.0)
+                runner.stop_process(proc, grace_s=2.0)
                 raise InitNeverStarted(boot[2], proc.pid, run_dir)
         dead = beside.poll() if beside is not None else None
         if dead is not None:  # the caller stops QEMU and the rest at once
             raise VmFailed(f"{dead} while the guest ran; QEMU (pid {proc.pid}) was stopped", fix=f"see {run_dir}")
         cancelled = cancel is not None and cancel.is_set()  # another thread stops this guest
         if cancelled or time.monotonic() >= deadline:
-            procs.stop_process(proc, grace_s=2.0)
+            runner.stop_process(proc, grace_s=2.0)
             stdout.pump()
             stderr.pump()
             if cancelled:
@@ -138,8 +138,8 @@ def _loop(
     # The guest powers off right after the marker; its last bytes are in the files once QEMU is gone.
     try:
         proc.wait(timeout=15)
-    except procs.TimeoutExpired:
-        procs.stop_process(proc, grace_s=2.0)
+    except runner.TimeoutExpired:
+        runner.stop_process(proc, grace_s=2.0)
     stdout.pump()
     stderr.pump()
     if status is None:

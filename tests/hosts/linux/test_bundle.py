@@ -263,16 +263,16 @@ def test_xz_packs_with_the_xz_program_on_every_core_and_with_python_without_it(
     assert shutil.which("xz"), "scripts/setup-debian installs xz-utils"
     piped = tmp_path / "piped.tar.xz"
     spawned: list[list[str]] = []
-    real_spawn = bundle_archive.procs.spawn
+    real_start = bundle_archive.runner.start
 
     def spy(argv: list[str], *args: Any, **kw: Any) -> Any:
         spawned.append(list(argv))
-        return real_spawn(argv, *args, **kw)  # on the owned tree, as the packer starts it
+        return real_start(argv, *args, **kw)  # on the owned tree, as the packer starts it
 
-    monkeypatch.setattr(bundle_archive.procs, "spawn", spy)
+    monkeypatch.setattr(bundle_archive.runner, "start", spy)
     bundle_archive.pack(staged(tmp_path), piped, level=3)
     assert spawned and spawned[0][:3] == ["xz", "-q", "-T0"]
-    monkeypatch.setattr(bundle_archive.shutil, "which", lambda name: None)
+    monkeypatch.setattr(bundle_archive.runner, "found", lambda name: None)
     plain = tmp_path / "plain.tar.xz"
     bundle_archive.pack(staged(tmp_path / "again"), plain, level=3)
     for archive in (piped, plain):
