@@ -151,6 +151,7 @@ def _list_shortnames() -> Result:
 
 def run_list(args: argparse.Namespace) -> Result:
     from provision.models import store as models
+    from provision.models.fetch import size_text
 
     if args.shortnames:
         return _list_shortnames()
@@ -202,10 +203,14 @@ def run_list(args: argparse.Namespace) -> Result:
             "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
         })  # fmt: skip
     marks = {True: "yes", False: "-"}
+
+    def size(row: dict[str, object]) -> str:
+        return size_text(row["size"] if isinstance(row["size"], int) else None)
+
     text = table(
         ["NAME", "STORED", "SIZE", "SHA256", "PIN", "NOTE"],
         [(str(r["name"]) + (" (default)" if r["default"] else "") + (" (smoke)" if r["smoke_default"] else ""),
-          marks[bool(r["stored"])], r["size"], str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
+          marks[bool(r["stored"])], size(r), str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
     )  # fmt: skip
     return Result({"store": str(store.root), "models": rows}, f"{text}\n\nstore: {store.root}")
 

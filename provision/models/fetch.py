@@ -36,6 +36,20 @@ def human(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def size_text(size: int | None) -> str:
+    """A size as `ollama list` and `ramalama list` show one: decimal units, 2 GB, 491 MB, 934 kB."""
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            if unit == "B":
+                return f"{size} B"
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 def ask_threshold() -> int:
     """The setting ask_above in bytes (checked where it was read)."""
     value: int = settings.current().typed("ask_above")
