@@ -128,10 +128,11 @@ def _pin_note(status: str | None, synth: str | None) -> str:
 
 
 def run_inspect(args: argparse.Namespace) -> Result:
-    from provision.models import inspect
+    from provision.models import inspect, names
     from provision.models import store as models
 
-    info = inspect.inspect(models.Store(), args.name)
+    store = models.Store()
+    info = inspect.inspect(store, names.stored(store, args.name))
     keys = ("name", "architecture", "parameters", "quantization", "context_length", "tensor_count", "size",
             "parts", "sha256", "source", "path")  # fmt: skip
     lines = [f"{key:15} {info[key]}" for key in keys]
@@ -216,15 +217,16 @@ def run_list(args: argparse.Namespace) -> Result:
 
 
 def run_verify(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
     store = models.Store()
     if args.name:
-        names = [args.name]
+        which = [names.stored(store, args.name)]
     else:
         good, damaged = store.scan()
-        names = sorted([r.name for r in good] + [d.name for d in damaged])
-    results = [store.verify(n) for n in names]
+        which = sorted([r.name for r in good] + [d.name for d in damaged])
+    results = [store.verify(n) for n in which]
     lines = [f"{'OK ' if r.ok else 'BAD'}  {r.name}: {r.detail}" for r in results] or ["the store holds no models"]
     bad = [r for r in results if not r.ok]
     error = ModelHashMismatch(
@@ -235,9 +237,11 @@ def run_verify(args: argparse.Namespace) -> Result:
 
 
 def run_rm(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
-    ref = models.Store().remove(args.name)
+    store = models.Store()
+    ref = store.remove(names.stored(store, args.name))
     if isinstance(ref, models.DamagedRef):
         text = f"removed the damaged ref {ref.name} ({ref.reason})"
     else:
@@ -246,10 +250,13 @@ def run_rm(args: argparse.Namespace) -> Result:
 
 
 def run_path(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
-    path = models.Store().path(args.name)
-    return Result({"name": args.name, "path": str(path)}, str(path))
+    store = models.Store()
+    name = names.stored(store, args.name)
+    path = store.path(name)
+    return Result({"name": name, "path": str(path)}, str(path))
 
 
 def run_synth(args: argparse.Namespace) -> Result:

@@ -33,7 +33,7 @@ from provision.core.errors import (
     ModelHashMismatch,
     UnknownModel,
 )
-from provision.models import splits, synth
+from provision.models import names, splits, synth
 from provision.models.download import Downloader, check_stall, stall_seconds
 from provision.models.files import fsync_dir as _fsync_dir
 from provision.models.files import has_magic as _has_magic
@@ -113,6 +113,11 @@ class Store:
         self.out.flush()
 
     # --- refs ---------------------------------------------------------------------------------
+
+    def has_ref(self, name: str) -> bool:
+        """A ref file of this name is there (sound or damaged)."""
+        path = self._ref_path(name)
+        return path.exists() or path.is_symlink()
 
     def ref(self, name: str) -> Ref | None:
         path = self._ref_path(name)
@@ -355,20 +360,13 @@ class Store:
         blob.unlink(missing_ok=True)
 
 
-def ensure(name: str, *, out: TextIO | None = None) -> Path:
-    """The verified blob of catalog (or stored) model ``name``: pulled or synthesized when
-    missing, re-hashed in any case. For image builds that bake a model in."""
+def ensure(typed: str, *, out: TextIO | None = None) -> Path:
+    """The verified blob of the model ``typed`` names (a store name, a short name, what was pulled:
+    names.lookup), a catalog model pulled or synthesized when missing, re-hashed in any case."""
     store = Store(out=out)
-    check_name(name)
-    if store.ref(name) is None:
-        pin = store.pins.models.get(name)
-        if pin is None:
-            known = ", ".join(catalog_names(store.pins))
-            raise UnknownModel(
-                f"model {name!r} is neither in the catalog nor in the store (catalog: {known})",
-                fix="provision model pull URL --name NAME --sha256 HEX",
-            )
-        if pin.synth:
+    name = names.store_name(store, typed)
+    if not store.has_ref(name):  # a catalog model not made yet
+        if store.pins.models[name].synth:
             store.synth(name)
         else:
             store.pull(store.resolve(name))
