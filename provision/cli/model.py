@@ -122,6 +122,8 @@ def _pin_note(status: str | None, synth: str | None) -> str:
         return "not pinned: hash recorded at first pull"
     if status == "DIGEST":
         return "hash is the registry's digest (checked on pull)"
+    if status == "LAYER":
+        return "hash computed from the image layer the registry's digest checked"
     if status == "LISTED":
         return "hash from the hub's file listing (checked on pull)"
     return f"hash {status}"

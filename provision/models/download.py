@@ -114,9 +114,12 @@ def stall_seconds() -> float:
 class Downloader:
     """The attempts of one pull for ``store`` (its partial files, messages and blob install)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, keep_at: Path | None = None) -> None:
         self.store = store
         self.out = store.out
+        # An archive (an image layer) rather than a GGUF: no magic to check, and once its sha256 is
+        # right it is moved to ``keep_at`` for the caller to read, not installed as a blob.
+        self.keep_at = keep_at
 
     def _say(self, text: str) -> None:
         self.store._say(text)
@@ -207,7 +210,8 @@ class Downloader:
                 with open(partial, "r+b" if start else "wb", buffering=0) as f:
                     f.truncate(start)
                     f.seek(start)
-                    done = stream_body(resp, f, partial, hasher, start, progress, check_magic=start == 0)
+                    done = stream_body(resp, f, partial, hasher, start, progress,
+                                       check_magic=start == 0 and self.keep_at is None)  # fmt: skip
                     if total is not None and done < total:
                         raise _Retry(f"connection closed after byte {done} of {total}")
                     try:
@@ -323,6 +327,10 @@ class Downloader:
                 "nothing was stored (partial file removed)",
                 fix="check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
             )
+        if self.keep_at is not None:
+            os.replace(partial, self.keep_at)
+            meta_path.unlink(missing_ok=True)
+            return sha256, size, fetched
         if not _has_magic(partial):
             discard()
             raise NotGguf(f"{spec.url}: the downloaded file does not start with the GGUF magic; nothing was stored")

@@ -106,7 +106,7 @@ def pull(
         elif not ask(size):
             raise RunCancelled(f"{todo.name}: pull of {human(size)} declined; nothing was fetched",
                                fix="run it again and answer y, or pass --yes")  # fmt: skip
-    if len(todo.parts) == 1 and not todo.extras:
+    if len(todo.parts) == 1 and not todo.extras:  # a single file, or an image layer holding the model
         return store.pull(todo.parts[0], stall_s=stall_s)
     stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
     extras = {}
