@@ -17,7 +17,7 @@ from urllib.parse import unquote, urlsplit
 
 from provision.core.errors import BadModelName, InvalidValue, UnknownModel
 from provision.models import shortnames, transports
-from provision.models.refs import check_name, parse_hf
+from provision.models.refs import check_name, check_url, parse_hf
 from provision.models.transports import HfRepoRef, RegistryRef
 
 if TYPE_CHECKING:
@@ -152,9 +152,13 @@ def lookup(store: Store, typed: str) -> Lookup:
         except BadModelName:
             hf = None
         catalog = next((n for n, p in store.pins.models.items() if hf and p.hf and parse_hf(p.hf) == hf), catalog)
-    if not _is_name(means) and _key(means) is None and transports.parse(means) is None:
-        # (transports.parse raises E014 itself, naming what is wrong, for a malformed reference)
-        raise BadModelName(f"model {typed!r}: not a store name nor a reference", fix=_TYPED_FIX)
+    if not _is_name(means):  # a reference, checked as a pull checks it (E014 or E003 naming what is wrong)
+        if means.startswith("hf://"):
+            parse_hf(means)
+        elif transports.parse(means) is None:
+            if "://" not in means:
+                raise BadModelName(f"model {typed!r}: not a store name nor a reference", fix=_TYPED_FIX)
+            check_url(means)
     for candidate in (means, catalog):
         if candidate and _is_name(candidate) and exists(candidate):
             return Lookup(typed, means, candidate, catalog)
