@@ -124,3 +124,12 @@ def test_what_is_neither_a_name_nor_a_reference_is_e014_and_an_unknown_name_e010
         assert status == errors.BadModelName.exit_status and "E014" in err and "--name" not in err, (typed, err)
     status, _, err = model(capsys, "path", "no-such-model")
     assert status == errors.UnknownModel.exit_status and "model list" in err and "model pull no-such-model" not in err
+
+
+def test_a_serve_of_name_tag_calls_the_model_by_its_store_name(tmp_path):
+    from provision.serve import engine
+
+    blob = tmp_path / "sha256-x"
+    assert engine.model_alias("kquant:latest", blob) == "kquant-latest"  # was "model"
+    assert engine.model_alias("ollama://127.0.0.1:5000/kquant:latest", blob) == "kquant-latest"
+    assert engine.model_alias("tiny-llama", blob) == "tiny-llama"
