@@ -13,14 +13,21 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import tarfile
 import zlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from provision.core.errors import NotGguf, ToolMissing, UnknownModel
+from provision.core import outputs
+from provision.core.errors import DiskFull, NotGguf, ToolMissing, UnknownModel
+from provision.models.download import Downloader
+from provision.models.download import Store as DownloadStore
 from provision.models.files import GGUF_MAGIC
+from provision.models.records import Ref
+from provision.models.refs import ModelSpec
 from provision.models.transports import check_split, split_name
 
 CHUNK = 1 << 20
@@ -119,3 +126,42 @@ def _one_model(found: list[Found], where: str) -> list[Found]:
         "which one is the model is not clear",
         fix="push an image with one model in it (or the parts of one split model)",
     )
+
+
+class Store(DownloadStore, Protocol):
+    """What reading a model out of a layer needs of the store (provision/models/store.py), which calls it."""
+
+    root: Path
+
+    def _locked(self, key: str, what: str) -> AbstractContextManager[None]: ...
+
+    def _write_ref(self, spec: ModelSpec, sha256: str, size: int, **more: Any) -> Ref: ...
+
+
+def pull(store: Store, spec: ModelSpec, stall: float) -> tuple[Ref, int]:
+    """The GGUF in an image layer: the layer fetched and checked against its digest (resumable like
+    any pull), the GGUF read out of it into a blob of its own sha256, the layer dropped. The ref, and
+    the bytes fetched."""
+    assert spec.url is not None and spec.sha256 is not None and spec.archive is not None
+    key = spec.sha256
+    layer = store.root / "partial" / f"{key}.layer"
+    work = store.root / "partial" / f"{key}.unpack.{os.getpid()}"
+    with store._locked(key, spec.name):
+        try:
+            _sha, _size, fetched = Downloader(store, keep_at=layer).download(spec, key, stall)
+            work.mkdir(exist_ok=True)
+            store._say(f"{spec.name}: layer sha256 {key} checked; reading the GGUF out of it")
+            try:
+                found = ggufs(layer, spec.archive, work, spec.source)
+            except OSError as exc:
+                if outputs.is_disk_error(exc):
+                    raise DiskFull(f"reading the GGUF out of {layer}: {os.strerror(exc.errno or 0)}; "
+                                   "nothing was stored") from None  # fmt: skip
+                raise
+            for gguf in found:
+                store._install_blob(gguf.path, gguf.sha256)
+        finally:
+            layer.unlink(missing_ok=True)
+            shutil.rmtree(work, ignore_errors=True)
+        parts = [{"sha256": g.sha256, "size": g.size, "file": g.file} for g in found] if len(found) > 1 else None
+        return store._write_ref(spec, found[0].sha256, found[0].size, parts=parts), fetched

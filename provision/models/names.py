@@ -11,17 +11,28 @@ bare ollama NAME for NAME:latest. No network: only the short names, the catalog 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from pathlib import Path, PurePosixPath
+from typing import Protocol
 from urllib.parse import unquote, urlsplit
 
 from provision.core.errors import BadModelName, InvalidValue, UnknownModel
+from provision.core.pins import Pins
 from provision.models import shortnames, transports
+from provision.models.records import DamagedRef, Ref
 from provision.models.refs import check_name, check_url, parse_hf
 from provision.models.transports import HfRepoRef, RegistryRef
 
-if TYPE_CHECKING:
-    from provision.models.store import Store
+
+class Store(Protocol):
+    """What a look-up reads of the store (provision/models/store.py): its refs and the catalog."""
+
+    root: Path
+    pins: Pins
+
+    def has_ref(self, name: str) -> bool: ...
+
+    def scan(self) -> tuple[list[Ref], list[DamagedRef]]: ...
+
 
 _TYPED_FIX = (
     "give a name from `provision model list`, or what you pulled: a short name, NAME:TAG, ollama://, oci://, "

@@ -201,7 +201,8 @@ class Store:
             return self.synth(catalog_name, as_name=spec.name)
         stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
         if spec.archive:
-            return self.pull_archive(spec, stall)
+            got, fetched = archive.pull(self, spec, stall)
+            return PullResult(got, self.path(got.name), fetched, False)
         sha256, size, fetched, reused = self.fetch_blob(spec, stall, write_ref=True)
         ref = self.ref(spec.name)
         assert ref is not None
@@ -227,34 +228,6 @@ class Store:
             if write_ref:
                 self._write_ref(spec, sha256, size)
             return sha256, size, fetched, False
-    def pull_archive(self, spec: ModelSpec, stall: float) -> PullResult:
-        """The GGUF in an image layer: the layer fetched and checked against its digest (resumable
-        like any pull), the GGUF read out of it into a blob of its own sha256, the layer dropped."""
-        assert spec.url is not None and spec.sha256 is not None and spec.archive is not None
-        key = spec.sha256
-        layer = self.root / "partial" / f"{key}.layer"
-        work = self.root / "partial" / f"{key}.unpack.{os.getpid()}"
-        with self._locked(key, spec.name):
-            try:
-                _sha, _size, fetched = Downloader(self, keep_at=layer).download(spec, key, stall)
-                work.mkdir(exist_ok=True)
-                self._say(f"{spec.name}: layer sha256 {key} checked; reading the GGUF out of it")
-                try:
-                    found = archive.ggufs(layer, spec.archive, work, spec.source)
-                except OSError as exc:
-                    if outputs.is_disk_error(exc):
-                        raise DiskFull(f"reading the GGUF out of {layer}: {os.strerror(exc.errno or 0)}; "
-                                       "nothing was stored") from None  # fmt: skip
-                    raise
-                for gguf in found:
-                    self._install_blob(gguf.path, gguf.sha256)
-            finally:
-                layer.unlink(missing_ok=True)
-                shutil.rmtree(work, ignore_errors=True)
-            parts = [{"sha256": g.sha256, "size": g.size, "file": g.file} for g in found] if len(found) > 1 else None
-            ref = self._write_ref(spec, found[0].sha256, found[0].size, parts=parts)
-        return PullResult(ref, self.path(ref.name), fetched, False)
-
     def _install_blob(self, tmp: Path, sha256: str) -> Path:
         # Replace rather than keep an existing blob: these bytes were just verified, and a blob of
         # the right name but the wrong size (damaged by hand) is why _reusable() sent us here.
