@@ -137,16 +137,34 @@ class Store(DownloadStore, Protocol):
 
     def _write_ref(self, spec: ModelSpec, sha256: str, size: int, **more: Any) -> Ref: ...
 
+    def _blob_sound(self, sha256: str, size: int | None) -> bool: ...
 
-def pull(store: Store, spec: ModelSpec, stall: float) -> tuple[Ref, int]:
+    def blob_path(self, sha256: str) -> Path: ...
+
+    def scan(self) -> tuple[list[Ref], Any]: ...
+
+
+def _already(store: Store, spec: ModelSpec, key: str) -> Ref | None:
+    """This name's ref when it was read out of this very layer and its blobs re-hash right."""
+    known = next((r for r in store.scan()[0] if r.name == spec.name), None)
+    if known is None or known.layer != key or known.source != spec.source:
+        return None
+    sound = all(store.blob_path(sha).exists() and store._blob_sound(sha, size) for sha, size in known.blobs())
+    return known if sound else None
+
+
+def pull(store: Store, spec: ModelSpec, stall: float) -> tuple[Ref, int, bool]:
     """The GGUF in an image layer: the layer fetched and checked against its digest (resumable like
-    any pull), the GGUF read out of it into a blob of its own sha256, the layer dropped. The ref, and
-    the bytes fetched."""
+    any pull), the GGUF read out of it into a blob of its own sha256, the layer dropped. The ref, the
+    bytes fetched, and whether the store already held it (read out of the same layer)."""
     assert spec.url is not None and spec.sha256 is not None and spec.archive is not None
     key = spec.sha256
     layer = store.root / "partial" / f"{key}.layer"
     work = store.root / "partial" / f"{key}.unpack.{os.getpid()}"
     with store._locked(key, spec.name):
+        known = _already(store, spec, key)
+        if known is not None:
+            return known, 0, True
         try:
             _sha, _size, fetched = Downloader(store, keep_at=layer).download(spec, key, stall)
             work.mkdir(exist_ok=True)
@@ -164,4 +182,4 @@ def pull(store: Store, spec: ModelSpec, stall: float) -> tuple[Ref, int]:
             layer.unlink(missing_ok=True)
             shutil.rmtree(work, ignore_errors=True)
         parts = [{"sha256": g.sha256, "size": g.size, "file": g.file} for g in found] if len(found) > 1 else None
-        return store._write_ref(spec, found[0].sha256, found[0].size, parts=parts), fetched
+        return store._write_ref(spec, found[0].sha256, found[0].size, parts=parts, layer=key), fetched, False

@@ -201,8 +201,8 @@ class Store:
             return self.synth(catalog_name, as_name=spec.name)
         stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
         if spec.archive:
-            got, fetched = archive.pull(self, spec, stall)
-            return PullResult(got, self.path(got.name), fetched, False)
+            got, fetched, reused = archive.pull(self, spec, stall)
+            return PullResult(got, self.path(got.name), fetched, reused)
         sha256, size, fetched, reused = self.fetch_blob(spec, stall, write_ref=True)
         ref = self.ref(spec.name)
         assert ref is not None

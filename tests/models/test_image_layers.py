@@ -73,6 +73,11 @@ def test_the_gguf_in_an_images_last_layer_is_pulled_verified_and_stored(cache, s
     assert fetched == [paths[-1]]  # only the last layer: the first (a link) is never fetched
     assert cli.main(["model", "verify", "kquant-latest"]) == 0
     capsys.readouterr()
+    # the same image again: the ref says which layer it was read from, so nothing is fetched
+    assert pull(server, "--json", transport="docker" if docker else "oci") == 0
+    again = json.loads(capsys.readouterr().out)["data"]
+    assert (again["sha256"], again["reused"], again["fetched_bytes"]) == (sha, True, 0)
+    assert [r.path for r in server.requests if "/blobs/" in r.path] == [paths[-1]]
     assert cli.main(["model", "inspect", "oci://" + server.base.removeprefix("http://") + "/rl/kquant:latest",
                      "--json"]) == 0  # fmt: skip
     assert json.loads(capsys.readouterr().out)["data"]["architecture"] == "llama"
