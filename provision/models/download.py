@@ -111,6 +111,17 @@ def stall_seconds() -> float:
     return value
 
 
+# What to do when the bytes are not the expected sha256 depends on who named that sha256.
+_MISMATCH_FIX = {
+    "": "check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
+    "DIGEST": "the registry served other bytes than its manifest's digest: pull again later; if it persists, the "
+    "registry's copy is damaged (tell its owner)",
+    "LISTED": "the hub served other bytes than its file listing names: pull again later; if it persists, the file "
+    "changed under its listing (tell the repository's owner)",
+}
+_MISMATCH_FIX["LAYER"] = _MISMATCH_FIX["DIGEST"]
+
+
 class Downloader:
     """The attempts of one pull for ``store`` (its partial files, messages and blob install)."""
 
@@ -325,7 +336,7 @@ class Downloader:
             raise ModelHashMismatch(
                 f"{spec.url}: sha256 of the {size} bytes received is {sha256}, expected {spec.sha256}; "
                 "nothing was stored (partial file removed)",
-                fix="check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
+                fix=_MISMATCH_FIX.get(spec.pin_status or "", _MISMATCH_FIX[""]),
             )
         if self.keep_at is not None:
             os.replace(partial, self.keep_at)

@@ -140,6 +140,7 @@ def test_each_transport_refuses_bytes_that_are_not_the_digest(kind, cache, serve
     assert pull(target, monkeypatch) == errors.ModelHashMismatch.exit_status
     err = capsys.readouterr().err
     assert "E011" in err and target.sha in err
+    assert "--sha256" not in err and "pins" not in err  # the registry's digest or the hub's listing is the pin
     assert not any((cache / "blobs").glob(f"sha256-{target.sha}")) and not any((cache / "refs").iterdir())
     assert not any((cache / "partial").glob("*.partial"))
 
