@@ -155,8 +155,12 @@ class Store:
         """The file llama.cpp is given: the blob, or for a split model part 1 beside its siblings."""
         ref = self.ref(name)
         if ref is None or not all(self.blob_path(sha).exists() for sha, _ in ref.blobs()):
-            hint = "synth" if (pin := self.pins.models.get(name)) and pin.synth else "pull"
-            raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model {hint} {name}")
+            pin = self.pins.models.get(name)
+            again = f"{'synth' if pin and pin.synth else 'pull'} {name}"
+            if ref is not None and pin is None:  # pulled from a reference: pull that again, not the name
+                again = f"pull {ref.source} --name {name}"
+            gone = "its file is missing from" if ref is not None else "is not in"
+            raise UnknownModel(f"model {name!r}: {gone} the store {self.root}", fix=f"provision model {again}")
         return splits.link_parts(self.root, ref) if ref.parts else self.blob_path(ref.sha256)
 
     # --- pull ---------------------------------------------------------------------------------

@@ -133,3 +133,19 @@ def test_a_serve_of_name_tag_calls_the_model_by_its_store_name(tmp_path):
     assert engine.model_alias("kquant:latest", blob) == "kquant-latest"  # was "model"
     assert engine.model_alias("ollama://127.0.0.1:5000/kquant:latest", blob) == "kquant-latest"
     assert engine.model_alias("tiny-llama", blob) == "tiny-llama"
+
+
+def test_a_pulled_model_whose_file_went_missing_is_pulled_again_by_its_source(cache, server, tiny, capsys):
+    registries.publish_ollama(server, tiny, repo="library/kquant", tag="latest")
+    source = f"ollama://{host(server)}/library/kquant:latest"
+    assert cli.main(["model", "pull", source]) == 0
+    blob = cache / "blobs" / f"sha256-{hashlib.sha256(tiny).hexdigest()}"
+    blob.chmod(0o644)
+    blob.unlink()
+    status, _, err = model(capsys, "path", "kquant:latest")
+    assert status == errors.UnknownModel.exit_status
+    fix = f"provision model pull {source} --name kquant-latest"
+    assert f"fix: {fix}" in err  # `pull kquant-latest` would be E010: the name is no reference
+    assert cli.main(fix.split()[1:]) == 0
+    status, data, _ = model(capsys, "path", "kquant:latest")
+    assert status == 0 and Path(data["path"]).read_bytes() == tiny
