@@ -146,12 +146,14 @@ def create_app(settings: Settings, runner: Runner) -> FastAPI:
             raise InvalidValue("code contains a NUL byte", fix="send shell text without NUL bytes")
         if req.timeout > settings.max_timeout_s:
             raise InvalidValue(f"timeout {req.timeout:g} is over this server's limit of {settings.max_timeout_s} s")
-        model_path = None
-        if req.model is not None:
-            from provision.models import refs, store
+        model_path = model_name = None
+        if req.model is not None:  # as the CLI takes it: what was pulled, as typed (models/names.py)
+            from provision.models import names, store
 
-            model_path = store.Store().path(refs.check_name(req.model))
-        return JobSpec(stack, req.gpu, req.code, req.timeout, model_path, req.model)
+            models = store.Store()
+            model_name = names.stored(models, req.model)
+            model_path = models.path(model_name)
+        return JobSpec(stack, req.gpu, req.code, req.timeout, model_path, model_name)
 
     @app.post("/api/v1/execute", response_model=ExecuteResult, responses=ERRORS)
     async def execute(body: ExecuteRequest, request: Request) -> Response:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
 from provision.chat.client import Message
+from provision.chat.screen import Screen
 
 PROMPT = "you> "
 HELP = "/clear forgets the conversation, /exit (or Ctrl-D) ends it"
@@ -37,15 +38,18 @@ class Session:
         """One turn: the reply streamed to ``out`` piece by piece, then kept in the history."""
         self.history.append({"role": "user", "content": text})
         pieces: list[str] = []
+        screen = Screen()  # the terminal gets text; the history keeps what the model sent
         try:
             stream = self.client.stream(self.messages(), max_tokens=self.max_tokens, temperature=self.temperature)
             for piece in stream:  # type: ignore[attr-defined]
                 pieces.append(piece)
-                self.out.write(piece)
+                self.out.write(screen.feed(piece))
                 self.out.flush()
         except BaseException:
             self.history.pop()  # a turn that got no whole answer is not part of the conversation
             raise
+        finally:
+            self.out.write(screen.flush())
         reply = "".join(pieces)
         self.history.append({"role": "assistant", "content": reply})
         return reply

@@ -71,14 +71,16 @@ def run_render(args: argparse.Namespace) -> Result:
 def run_build(args: argparse.Namespace) -> Result:
     from provision.core import catalog, values
     from provision.images import build as images
-    from provision.models.refs import check_name
 
     if args.tag is not None:
         values.image_ref(args.tag, "--tag")
     if args.base_image is not None:
         values.image_ref(args.base_image, "--base-image")
-    if args.model is not None:
-        check_name(args.model)
+    if args.model is not None:  # what was pulled, as typed: the image names the model by its store name
+        from provision.models import names
+        from provision.models import store as models
+
+        args.model = names.store_name(models.Store(), args.model)
     built = images.build(
         args.stack,
         tag=args.tag,

@@ -131,16 +131,19 @@ def _pin_note(status: str | None, synth: str | None) -> str:
         return "not pinned: hash recorded at first pull"
     if status == "DIGEST":
         return "hash is the registry's digest (checked on pull)"
+    if status == "LAYER":
+        return "hash computed from the image layer the registry's digest checked"
     if status == "LISTED":
         return "hash from the hub's file listing (checked on pull)"
     return f"hash {status}"
 
 
 def run_inspect(args: argparse.Namespace) -> Result:
-    from provision.models import inspect
+    from provision.models import inspect, names
     from provision.models import store as models
 
-    info = inspect.inspect(models.Store(), args.name)
+    store = models.Store()
+    info = inspect.inspect(store, names.stored(store, args.name))
     keys = ("name", "architecture", "parameters", "quantization", "context_length", "tensor_count", "size",
             "parts", "sha256", "source", "path")  # fmt: skip
     lines = [f"{key:15} {info[key]}" for key in keys]
@@ -161,6 +164,7 @@ def _list_shortnames(settings: Settings) -> Result:
 
 def run_list(args: argparse.Namespace) -> Result:
     from provision.models import store as models
+    from provision.models.fetch import size_text
 
     if args.shortnames:
         return _list_shortnames(args.app.settings)
@@ -212,24 +216,29 @@ def run_list(args: argparse.Namespace) -> Result:
             "note": f"DAMAGED ref ({bad.reason}): provision model rm {bad.name}",
         })  # fmt: skip
     marks = {True: "yes", False: "-"}
+
+    def size(row: dict[str, object]) -> str:
+        return size_text(row["size"] if isinstance(row["size"], int) else None)
+
     text = table(
         ["NAME", "STORED", "SIZE", "SHA256", "PIN", "NOTE"],
         [(str(r["name"]) + (" (default)" if r["default"] else "") + (" (smoke)" if r["smoke_default"] else ""),
-          marks[bool(r["stored"])], r["size"], str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
+          marks[bool(r["stored"])], size(r), str(r["sha256"])[:12], r["pin_status"] or "-", r["note"]) for r in rows],
     )  # fmt: skip
     return Result({"store": str(store.root), "models": rows}, f"{text}\n\nstore: {store.root}")
 
 
 def run_verify(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
     store = models.Store()
     if args.name:
-        names = [args.name]
+        which = [names.stored(store, args.name)]
     else:
         good, damaged = store.scan()
-        names = sorted([r.name for r in good] + [d.name for d in damaged])
-    results = [store.verify(n) for n in names]
+        which = sorted([r.name for r in good] + [d.name for d in damaged])
+    results = [store.verify(n) for n in which]
     lines = [f"{'OK ' if r.ok else 'BAD'}  {r.name}: {r.detail}" for r in results] or ["the store holds no models"]
     bad = [r for r in results if not r.ok]
     error = ModelHashMismatch(
@@ -240,9 +249,11 @@ def run_verify(args: argparse.Namespace) -> Result:
 
 
 def run_rm(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
-    ref = models.Store().remove(args.name)
+    store = models.Store()
+    ref = store.remove(names.stored(store, args.name))
     if isinstance(ref, models.DamagedRef):
         text = f"removed the damaged ref {ref.name} ({ref.reason})"
     else:
@@ -251,10 +262,13 @@ def run_rm(args: argparse.Namespace) -> Result:
 
 
 def run_path(args: argparse.Namespace) -> Result:
+    from provision.models import names
     from provision.models import store as models
 
-    path = models.Store().path(args.name)
-    return Result({"name": args.name, "path": str(path)}, str(path))
+    store = models.Store()
+    name = names.stored(store, args.name)
+    path = store.path(name)
+    return Result({"name": name, "path": str(path)}, str(path))
 
 
 def run_synth(args: argparse.Namespace) -> Result:

@@ -86,6 +86,14 @@ def split_command(args: argparse.Namespace) -> list[str]:
     return cmd
 
 
+def _model_reference(ref: str) -> bool:
+    try:
+        names = importlib.import_module("provision.models.names")
+    except ModuleNotFoundError:
+        return False
+    return bool(names.is_reference(ref))
+
+
 def resolve_model(ref: str | None, *, fetch: bool = True) -> Path | None:
     """A GGUF path as given, else a store name through the verified model store (provision.models.store.ensure).
     ``fetch=False`` (a dry run): where the store has it or will put it, nothing pulled, made or written."""
@@ -96,7 +104,7 @@ def resolve_model(ref: str | None, *, fetch: bool = True) -> Path | None:
         return p.resolve()
     if p.exists():
         raise InvalidValue(f"--model {ref}: not a regular file", fix="give the path of a GGUF file, or a store name")
-    if "/" in ref or ref.lower().endswith(".gguf"):
+    if "://" not in ref and (ref.lower().endswith(".gguf") or ("/" in ref and not _model_reference(ref))):
         raise UnknownModel(
             f"--model {ref}: no such file", fix="give the path of a GGUF file, or a store name (provision model list)"
         )

@@ -110,12 +110,26 @@ def stall_seconds(given: settings.Settings | None = None) -> float:
     return (given or settings.current()).typed.stall_s
 
 
+# What to do when the bytes are not the expected sha256 depends on who named that sha256.
+_MISMATCH_FIX = {
+    "": "check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
+    "DIGEST": "the registry served other bytes than its manifest's digest: pull again later; if it persists, the "
+    "registry's copy is damaged (tell its owner)",
+    "LISTED": "the hub served other bytes than its file listing names: pull again later; if it persists, the file "
+    "changed under its listing (tell the repository's owner)",
+}
+_MISMATCH_FIX["LAYER"] = _MISMATCH_FIX["DIGEST"]
+
+
 class Downloader:
     """The attempts of one pull for ``store`` (its partial files, messages and blob install)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, keep_at: Path | None = None) -> None:
         self.store = store
         self.out = store.out
+        # An archive (an image layer) rather than a GGUF: no magic to check, and once its sha256 is
+        # right it is moved to ``keep_at`` for the caller to read, not installed as a blob.
+        self.keep_at = keep_at
 
     def _say(self, text: str) -> None:
         self.store._say(text)
@@ -206,7 +220,8 @@ class Downloader:
                 with open(partial, "r+b" if start else "wb", buffering=0) as f:
                     f.truncate(start)
                     f.seek(start)
-                    done = stream_body(resp, f, partial, hasher, start, progress, check_magic=start == 0)
+                    done = stream_body(resp, f, partial, hasher, start, progress,
+                                       check_magic=start == 0 and self.keep_at is None)  # fmt: skip
                     if total is not None and done < total:
                         raise _Retry(f"connection closed after byte {done} of {total}")
                     try:
@@ -320,8 +335,12 @@ class Downloader:
             raise ModelHashMismatch(
                 f"{spec.url}: sha256 of the {size} bytes received is {sha256}, expected {spec.sha256}; "
                 "nothing was stored (partial file removed)",
-                fix="check --sha256 (or the pins file) and the URL; if the server changed the file, re-pin it",
+                fix=_MISMATCH_FIX.get(spec.pin_status or "", _MISMATCH_FIX[""]),
             )
+        if self.keep_at is not None:
+            os.replace(partial, self.keep_at)
+            meta_path.unlink(missing_ok=True)
+            return sha256, size, fetched
         if not _has_magic(partial):
             discard()
             raise NotGguf(f"{spec.url}: the downloaded file does not start with the GGUF magic; nothing was stored")

@@ -37,6 +37,20 @@ def human(size: int | None) -> str:
     raise AssertionError("unreachable")
 
 
+def size_text(size: int | None) -> str:
+    """A size as `ollama list` and `ramalama list` show one: decimal units, 2 GB, 491 MB, 934 kB."""
+    if size is None:
+        return "-"
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if value < 1000 or unit == "TB":
+            if unit == "B":
+                return f"{size} B"
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")
+
+
 def ask_threshold(given: settings.Settings | None = None) -> int:
     """The setting ask_above in bytes (checked where it was read)."""
     return (given or settings.current()).typed.ask_above
@@ -96,7 +110,7 @@ def pull(
         elif not ask(size):
             raise RunCancelled(f"{todo.name}: pull of {human(size)} declined; nothing was fetched",
                                fix="run it again and answer y, or pass --yes")  # fmt: skip
-    if len(todo.parts) == 1 and not todo.extras:
+    if len(todo.parts) == 1 and not todo.extras:  # a single file, or an image layer holding the model
         return store.pull(todo.parts[0], stall_s=stall_s)
     stall = stall_seconds(settings) if stall_s is None else check_stall(stall_s, "--stall-timeout")
     extras = {}

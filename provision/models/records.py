@@ -29,6 +29,8 @@ class Ref:
     parts: list[dict[str, Any]] | None = None
     # Small layers kept beside the model, by role (ollama's template, params): {"sha256", "size"}.
     extras: dict[str, dict[str, Any]] | None = None
+    # Read out of an image layer: that layer's sha256, so pulling the same image again fetches nothing.
+    layer: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -88,6 +90,7 @@ def load_ref(path: Path) -> Ref:
         "pin_status": data["pin_status"] is None or isinstance(data["pin_status"], str),
         "parts": "parts" not in data or _parts_ok(data["parts"], data["sha256"]),
         "extras": "extras" not in data or _extras_ok(data["extras"]),
+        "layer": "layer" not in data or (isinstance(data["layer"], str) and bool(_SHA256_HEX.match(data["layer"]))),
     }
     bad = [k for k, ok in checks.items() if not ok]
     if bad:

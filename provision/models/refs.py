@@ -40,6 +40,9 @@ class ModelSpec:
     synth: str | None = None
     headers: tuple[tuple[str, str], ...] = ()  # e.g. a registry's bearer token (never stored)
     file: str | None = None  # a split GGUF part: the file name llama.cpp looks for beside part 1
+    # The URL is an image layer (a tar, compressed so: transports.TAR_LAYERS) holding the GGUF;
+    # sha256 and size are the layer's, and the GGUF's own are computed as it is read out.
+    archive: str | None = None
 
     @property
     def pinned(self) -> bool:

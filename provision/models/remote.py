@@ -168,8 +168,9 @@ def registry_plan(ref: RegistryRef, name: str | None, registry: str, authfile: P
     store_name = check_name(name or ref.stem.replace(":", "-"))
     headers = tuple(client.auth_headers().items())
     parts = tuple(
-        ModelSpec(store_name, str(ref), client.url("blobs", la.digest), la.digest[7:], la.size, "DIGEST",
-                  headers=headers, file=transports.split_name(title))
+        ModelSpec(store_name, str(ref), client.url("blobs", la.digest), la.digest[7:], la.size,
+                  "LAYER" if la.archive else "DIGEST", headers=headers, file=transports.split_name(title),
+                  archive=la.archive)
         for la, title in zip(models, titles, strict=True)
     )  # fmt: skip
     kept = []

@@ -94,8 +94,15 @@ def registry(transport: str, given: settings.Settings | None = None) -> str:
                 where = f"{path} registries.{transport}"
                 break
     if not isinstance(value, str) or not _REGISTRY.match(value):
+        # A value that is there but unusable is shown where it was read; a missing one is said in words.
+        if value is None or not where:
+            what = "none is set"
+        elif key and where == s.shown(key):
+            what = f"{where}: not HOST[:PORT] or a base URL"
+        else:
+            what = f"{where} = {str(value)!r}: not HOST[:PORT] or a base URL"
         raise InvalidValue(
-            f"no usable default registry for {transport}:// ({where or 'not set'}: {value!r})",
+            f"no usable default registry for {transport}:// ({what})",
             fix=f"name the registry in the reference ({transport}://HOST/REPO:TAG)"
             + (f", or set {settings.BY_KEY[key].env}=HOST (or {key} in the config file)" if key else ""),
         )

@@ -33,7 +33,7 @@ from provision.core.errors import (
     ModelHashMismatch,
     UnknownModel,
 )
-from provision.models import splits, synth
+from provision.models import archive, names, splits, synth
 from provision.models.download import Downloader, check_stall, stall_seconds
 from provision.models.files import fsync_dir as _fsync_dir
 from provision.models.files import has_magic as _has_magic
@@ -114,6 +114,11 @@ class Store:
 
     # --- refs ---------------------------------------------------------------------------------
 
+    def has_ref(self, name: str) -> bool:
+        """A ref file of this name is there (sound or damaged)."""
+        path = self._ref_path(name)
+        return path.exists() or path.is_symlink()
+
     def ref(self, name: str) -> Ref | None:
         path = self._ref_path(name)
         if not (path.exists() or path.is_symlink()):
@@ -150,8 +155,12 @@ class Store:
         """The file llama.cpp is given: the blob, or for a split model part 1 beside its siblings."""
         ref = self.ref(name)
         if ref is None or not all(self.blob_path(sha).exists() for sha, _ in ref.blobs()):
-            hint = "synth" if (pin := self.pins.models.get(name)) and pin.synth else "pull"
-            raise UnknownModel(f"model {name!r} is not in the store {self.root}", fix=f"provision model {hint} {name}")
+            pin = self.pins.models.get(name)
+            again = f"{'synth' if pin and pin.synth else 'pull'} {name}"
+            if ref is not None and pin is None:  # pulled from a reference: pull that again, not the name
+                again = f"pull {ref.source} --name {name}"
+            gone = "its file is missing from" if ref is not None else "is not in"
+            raise UnknownModel(f"model {name!r}: {gone} the store {self.root}", fix=f"provision model {again}")
         return splits.link_parts(self.root, ref) if ref.parts else self.blob_path(ref.sha256)
 
     # --- pull ---------------------------------------------------------------------------------
@@ -195,6 +204,9 @@ class Store:
             catalog_name = next(n for n, p in self.pins.models.items() if p.synth == spec.synth)
             return self.synth(catalog_name, as_name=spec.name)
         stall = stall_seconds() if stall_s is None else check_stall(stall_s, "--stall-timeout")
+        if spec.archive:
+            got, fetched, reused = archive.pull(self, spec, stall)
+            return PullResult(got, self.path(got.name), fetched, reused)
         sha256, size, fetched, reused = self.fetch_blob(spec, stall, write_ref=True)
         ref = self.ref(spec.name)
         assert ref is not None
@@ -355,20 +367,13 @@ class Store:
         blob.unlink(missing_ok=True)
 
 
-def ensure(name: str, *, out: TextIO | None = None) -> Path:
-    """The verified blob of catalog (or stored) model ``name``: pulled or synthesized when
-    missing, re-hashed in any case. For image builds that bake a model in."""
+def ensure(typed: str, *, out: TextIO | None = None) -> Path:
+    """The verified blob of the model ``typed`` names (a store name, a short name, what was pulled:
+    names.lookup), a catalog model pulled or synthesized when missing, re-hashed in any case."""
     store = Store(out=out)
-    check_name(name)
-    if store.ref(name) is None:
-        pin = store.pins.models.get(name)
-        if pin is None:
-            known = ", ".join(catalog_names(store.pins))
-            raise UnknownModel(
-                f"model {name!r} is neither in the catalog nor in the store (catalog: {known})",
-                fix="provision model pull URL --name NAME --sha256 HEX",
-            )
-        if pin.synth:
+    name = names.store_name(store, typed)
+    if not store.has_ref(name):  # a catalog model not made yet
+        if store.pins.models[name].synth:
             store.synth(name)
         else:
             store.pull(store.resolve(name))

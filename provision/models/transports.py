@@ -40,6 +40,14 @@ GGUF_LAYERS = (
     "application/vnd.cncf.model.weight.v1.gguf",
     "application/vnd.oci.image.layer.v1.tar",  # RamaLama "raw": the layer is the file, titled *.gguf
 )
+# Image layers: a tar (compressed or not) of files. A RamaLama model image ("car" or "raw", or any
+# `FROM scratch` + `COPY model.gguf`) keeps the GGUF as a file in its last layer. Value: the compression.
+TAR_LAYERS = {
+    "application/vnd.oci.image.layer.v1.tar": "tar",
+    "application/vnd.oci.image.layer.v1.tar+gzip": "gzip",
+    "application/vnd.oci.image.layer.v1.tar+zstd": "zstd",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip": "gzip",
+}
 TITLE = "org.opencontainers.image.title"
 INDEXES = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json")
 MANIFEST_ACCEPT = ", ".join((
@@ -85,6 +93,7 @@ class Layer:
     size: int
     media_type: str
     title: str | None
+    archive: str | None = None  # the GGUF is a file inside this tar layer, compressed so (TAR_LAYERS)
 
 
 def _bad(ref: str, why: str, fix: str) -> BadModelName:
@@ -209,12 +218,17 @@ def model_layers(manifest: Any, ref: RegistryRef, where: str) -> tuple[list[Laye
     else:
         models = [la for la in layers if la.media_type in GGUF_LAYERS[:3] or (la.title or "").lower().endswith(".gguf")]
         extras = {}
+    tars = [la for la in layers if la.media_type in TAR_LAYERS] if ref.transport != "ollama" else []
+    if not models and tars:
+        # An image: its model was copied in last (RamaLama's car and raw images, `COPY model.gguf`), so
+        # the last layer is the one to open; the caller finds the GGUF in it and checks the layer's digest.
+        last = tars[-1]
+        return [Layer(last.digest, last.size, last.media_type, last.title, TAR_LAYERS[last.media_type])], extras
     if not models:
         kinds = ", ".join(sorted({la.media_type for la in layers})) or "none"
         raise UnknownModel(
-            f"{where}: no layer holds a GGUF file (layer types: {kinds}); an image whose model sits inside a tar "
-            "layer is not supported",
-            fix="point at a model artifact (its layer is the .gguf file itself)",
+            f"{where}: no layer holds a GGUF file (layer types: {kinds})",
+            fix="point at a model: an artifact whose layer is the .gguf file, or an image with the .gguf in a layer",
         )
     return models, extras
 

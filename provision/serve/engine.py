@@ -219,7 +219,7 @@ def default_name(stack: Stack, port: int) -> str:
 def model_alias(ref: str, path: Path) -> str:
     """What clients call the model: the store name, or a GGUF file's stem."""
     candidate = Path(ref).name if os.sep in ref or ref.endswith(".gguf") else ref
-    alias = candidate.removesuffix(".gguf") or path.stem
+    alias = candidate.removesuffix(".gguf").replace(":", "-") or path.stem  # NAME:TAG as the store spells it
     if not serve_state.NAME_RE.fullmatch(alias.lower()):
         alias = "model"
     return alias

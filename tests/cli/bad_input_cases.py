@@ -273,6 +273,11 @@ CASES: tuple[Case, ...] = (
     c("path-unknown", "E010", "model", "path", "no-such-model"),
     c("path-dotdot", "E014", "model", "path", ".."),
     c("path-damaged-ref", "E011", "model", "path", "broken", setup=("ref_not_utf8",)),
+    # --- names as typed (issue 42): a reference never pulled is E010 whose fix pulls it; no network ------------
+    c("path-reference-never-pulled", "E010", "model", "path", "kquant:latest"),
+    c("path-malformed-reference", "E014", "model", "path", "ollama://Upper/Case"),
+    c("path-by-shortname", "ok", "model", "path", "tiny", out="sha256-"),
+    c("run-model-reference-never-pulled", "E010", "run", "--model", "ollama://127.0.0.1:1/kq:v1", "cpu", "--", "true"),
     c("verify-unknown", "E010", "model", "verify", "no-such-model"),
     c("verify-hidden", "E014", "model", "verify", "..hidden"),
     c("verify-damaged-ref", "E011", "model", "verify", setup=("ref_bad_json",)),

@@ -102,3 +102,64 @@ def publish_hf(
         server.files[paths[name]] = (served or {}).get(name, data)
     server.files[f"/api/models/{repo}/tree/main?recursive=true"] = json.dumps(listing).encode()
     return paths
+
+
+IMAGE_CONFIG = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPES = {  # compression -> (OCI layer type, Docker layer type)
+    "tar": ("application/vnd.oci.image.layer.v1.tar", None),
+    "gzip": ("application/vnd.oci.image.layer.v1.tar+gzip", "application/vnd.docker.image.rootfs.diff.tar.gzip"),
+}
+
+
+def tar_layer(files: list[tuple[str, bytes | str]], compression: str) -> bytes:
+    """A layer as podman/buildah write one: entries of ``(name, bytes)`` are files, ``(name, "->target")``
+    symlinks, names ending in "/" directories; gzip-compressed when asked."""
+    import gzip
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, content in files:
+            info = tarfile.TarInfo(name.rstrip("/"))
+            info.mtime = 0
+            if name.endswith("/"):
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content.removeprefix("->")
+                tar.addfile(info)
+            else:
+                info.size, info.mode = len(content), 0o644
+                tar.addfile(info, io.BytesIO(content))
+    data = raw.getvalue()
+    return gzip.compress(data, mtime=0) if compression == "gzip" else data
+
+
+def publish_image(
+    server: ModelServer,
+    layers: list[bytes],
+    compression: str = "gzip",
+    repo: str = "rl/kquant",
+    tag: str = "latest",
+    docker: bool = False,
+    served: bytes | None = None,
+) -> list[str]:
+    """A container image whose layers are tars (the model in one of them), as RamaLama and podman push it."""
+    oci_type, docker_type = LAYER_TYPES[compression]
+    layer_type = docker_type if docker and docker_type else oci_type
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {
+        "org.containers.type": "ai.image.model.raw"}}, "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    manifest_type = DOCKER_MANIFEST if docker else OCI_MANIFEST
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": manifest_type,
+        "config": {"mediaType": "application/vnd.docker.container.image.v1+json" if docker else IMAGE_CONFIG,
+                   "digest": digest(config), "size": len(config)},
+        "layers": [{"mediaType": layer_type, "digest": digest(data), "size": len(data)} for data in layers],
+    }  # fmt: skip
+    _blob(server, repo, config)
+    path = f"/v2/{repo}/manifests/{tag}"
+    server.files[path] = json.dumps(manifest).encode()
+    server.types[path] = manifest_type
+    return [_blob(server, repo, data, served if i == len(layers) - 1 else None) for i, data in enumerate(layers)]

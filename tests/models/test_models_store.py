@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -130,3 +131,28 @@ def test_pull_of_the_synthetic_catalog_name_synthesizes_it(cache, capsys):
     assert report["name"] == "smoke" and report["sha256"] == tiny_pin().sha256 and report["fetched_bytes"] == 0
     assert report["source"] == "synth:tiny-llama"
     assert models.Store().path("smoke") == cache / "blobs" / f"sha256-{tiny_pin().sha256}"
+
+
+def test_list_shows_sizes_in_human_units_and_json_keeps_bytes(cache, capsys):
+    models.ensure("tiny-llama")
+    assert cli.main(["model", "list"]) == 0
+    text = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in text.splitlines() if line.strip()}
+    qwen, tiny = pins.default().models[models.DEFAULT_MODEL], tiny_pin()
+    assert str(qwen.size) not in text and str(tiny.size) not in text  # no raw byte counts
+    assert re.search(r"\b\d+(\.\d)? (MB|GB)\b", rows[models.DEFAULT_MODEL]), rows[models.DEFAULT_MODEL]
+    assert re.search(r"\b\d+(\.\d)? (kB|MB)\b", rows["tiny-llama"]), rows["tiny-llama"]
+    assert cli.main(["model", "list", "--json"]) == 0
+    listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)["data"]["models"]}
+    assert listed["tiny-llama"]["size"] == tiny.size
+
+
+@pytest.mark.parametrize(
+    "size,shown",
+    [(0, "0 B"), (999, "999 B"), (1000, "1.0 kB"), (933504, "934 kB"), (88201792, "88 MB"), (491400032, "491 MB"),
+     (2019377600, "2.0 GB"), (None, "-")],
+)
+def test_size_text_is_decimal_like_ollama_list(size, shown):
+    from provision.models.fetch import size_text
+
+    assert size_text(size) == shown

@@ -140,6 +140,7 @@ def test_each_transport_refuses_bytes_that_are_not_the_digest(kind, cache, serve
     assert pull(target, monkeypatch) == errors.ModelHashMismatch.exit_status
     err = capsys.readouterr().err
     assert "E011" in err and target.sha in err
+    assert "--sha256" not in err and "pins" not in err  # the registry's digest or the hub's listing is the pin
     assert not any((cache / "blobs").glob(f"sha256-{target.sha}")) and not any((cache / "refs").iterdir())
     assert not any((cache / "partial").glob("*.partial"))
 
@@ -245,3 +246,44 @@ def test_sha256_is_not_taken_beside_a_digest_pinned_reference(cache, server, tin
     target = publish("ollama", server, tiny)
     assert pull(target, monkeypatch, "--sha256", "ab" * 32) == errors.InvalidValue.exit_status
     assert "is the pin" in capsys.readouterr().err and server.requests == []
+
+
+# --- where a reference without a registry goes ------------------------------------------------------
+
+
+def test_ollama_and_bare_name_tag_go_to_the_public_registries_by_default(cache, monkeypatch, capsys):
+    # No setting and no user file: the shipped [registries] decide. The registry answers 404 here,
+    # so what is asserted is the URL that would be used; nothing leaves this machine.
+    from provision.adapters import registry as reg
+
+    asked: list[str] = []
+
+    def answer(self: reg.Registry, url: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+        asked.append(url)
+        return 404, {}, b'{"errors": [{"code": "MANIFEST_UNKNOWN"}]}'
+
+    monkeypatch.setattr(reg.Registry, "_get", answer)
+    for typed in ("ollama://kquant", "kquant:latest", "gemma3:1b", "docker://ai/smollm2"):
+        assert cli.main(["model", "pull", typed]) == errors.UnknownModel.exit_status
+    assert asked == [
+        "https://registry.ollama.ai/v2/library/kquant/manifests/latest",
+        "https://registry.ollama.ai/v2/library/kquant/manifests/latest",
+        "https://registry.ollama.ai/v2/library/gemma3/manifests/1b",  # the shipped shortname's reference
+        "https://registry-1.docker.io/v2/ai/smollm2/manifests/latest",
+    ]
+    err = capsys.readouterr().err
+    assert "E010" in err and "None" not in err and "not set" not in err
+
+
+def test_a_missing_or_bad_default_registry_is_said_in_words(cache, monkeypatch):
+    from provision.models import shortnames
+
+    with pytest.raises(errors.InvalidValue) as missing:
+        shortnames.registry("oci")  # oci:// always names its registry: there is no default
+    assert "none is set" in missing.value.message and "None" not in missing.value.message
+    user = Path(os.environ["PROVISION_SHORTNAMES"])
+    user.parent.mkdir(parents=True, exist_ok=True)
+    user.write_text('[registries]\n"ollama" = "not a host!"\n')
+    with pytest.raises(errors.InvalidValue) as bad:
+        shortnames.registry("ollama")
+    assert f"{user} registries.ollama = 'not a host!'" in bad.value.message
