@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,8 @@ from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
+    from provision.serve.engine import ServeRequest, ServerOptions
+    from provision.serve.model_defaults import ModelDefaults
 
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -45,13 +48,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="host port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="host address to publish on (default 127.0.0.1)")
     p.add_argument("--allow-remote", action="store_true", help="allow a --host beyond loopback (no auth!)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's)")
+    p.add_argument("--ctx-size", "--ctx", dest="ctx", type=int, default=None,
+                   help="context size in tokens (default: the model's)")
+    server_options(p)
     p.add_argument("--parallel", type=int, default=4, help="concurrent request slots (default 4)")
     p.add_argument("--name", default=None, help="name for ps/stop (default STACK-PORT)")
     p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
-    serve_generate.options(p)  # --generate quadlet|kube --output FILE [--force]
+    serve_generate.options(p)  # --generate systemd|quadlet|kube --target HOST --output FILE [--force]
     p.set_defaults(func=serve_cmd)
 
     p = command(sub, "ps", COMMANDS["ps"], "provision ps --json", json=True)
@@ -71,6 +76,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=shell_cmd)
 
 
+def server_options(p: argparse.ArgumentParser) -> None:
+    """llama-server's own options (provision.serve.engine.ServerOptions), each passed as one argument."""
+    p.add_argument("--temp", type=float, default=None, help="default sampling temperature (0-5)")
+    p.add_argument("--ngl", type=int, default=None, metavar="N", help="with --gpu: layers on the GPU (default all)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads llama-server uses")
+    p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings too")
+    p.add_argument("--runtime-args", default=None, metavar="ARGS",
+                   help="more llama-server options, one string split into words (never run by a shell)")
+
+
+def model_defaults(ref: str, path: Path) -> ModelDefaults:
+    """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
+    from provision.models.store import Store
+    from provision.serve import model_defaults as defaults
+
+    if Path(ref).expanduser().is_file():
+        return defaults.ModelDefaults()
+    return defaults.for_model(Store(out=sys.stderr), ref, path)
+
+
+def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:
+    for note in found.notes:
+        print(f"provision: model: {note}", file=sys.stderr)
+    return replace(options, chat_template=found.chat_template, model_args=found.args)
+
+
 def _stack(args: argparse.Namespace) -> Stack:
     from provision.core import catalog
 
@@ -78,6 +109,29 @@ def _stack(args: argparse.Namespace) -> Stack:
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     catalog.check_route(stack, args.route)
     return stack
+
+
+def serve_request(args: argparse.Namespace, stack: Stack, host: str, name: str, options: ServerOptions) -> ServeRequest:
+    """What serve runs: the model (fetched when it must be) with its own defaults under the user's flags."""
+    from provision.serve import engine as serving
+
+    model_path = resolve_model(args.model)
+    assert model_path is not None  # --model is required
+    found = model_defaults(args.model, model_path)
+    return serving.ServeRequest(
+        stack=stack,
+        model_path=model_path,
+        model=serving.model_alias(args.model, model_path),
+        gpu=args.gpu,
+        host=host,
+        port=args.port,
+        ctx=args.ctx if args.ctx is not None else found.ctx,
+        parallel=args.parallel,
+        name=name,
+        wait_s=args.wait,
+        route=args.route,
+        options=apply_defaults(options, found),
+    )
 
 
 def serve_cmd(args: argparse.Namespace) -> Result | int:
@@ -88,29 +142,18 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
     stack = _stack(args)
     host = serving.check_host(args.host, args.allow_remote)
     serving.check_numbers(args.port, args.ctx, args.parallel)
+    options = serving.check_options(serving.ServerOptions(
+        temp=args.temp, ngl=args.ngl, threads=args.threads, embeddings=args.embeddings,
+        runtime_args=serving.split_runtime_args(args.runtime_args)), args.gpu)  # fmt: skip
     name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
     if args.generate:
-        return serve_generate.run(args, stack, host, name)
+        return serve_generate.run(args, stack, host, name, options)
     if args.detach:
-        return _detach(args, stack, host, name)
+        return _detach(args, stack, host, name, options)
     report = Path(args.report) if args.report else None
     try:
         serving.check_port_free(host, args.port)
-        model_path = resolve_model(args.model)
-        assert model_path is not None  # --model is required
-        req = serving.ServeRequest(
-            stack=stack,
-            model_path=model_path,
-            model=serving.model_alias(args.model, model_path),
-            gpu=args.gpu,
-            host=host,
-            port=args.port,
-            ctx=args.ctx,
-            parallel=args.parallel,
-            name=name,
-            wait_s=args.wait,
-            route=args.route,
-        )
+        req = serve_request(args, stack, host, name, options)
 
         def ready(entry: serve_state.Entry) -> None:
             if report is not None:
@@ -127,17 +170,17 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
         raise
 
 
-def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Result:
+def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str, options: ServerOptions) -> Result:
     from provision.serve import engine as serving
     from provision.serve import state as serve_state
 
+    serving.check_port_free(host, args.port)  # first: the default name comes from the port
     for entry in serve_state.entries():
         if entry.name == name:
             raise InvalidValue(
                 f"a serve named {name!r} already runs ({entry.url})",
                 fix=f"--name OTHER, or provision stop {name}",
             )
-    serving.check_port_free(host, args.port)
     resolve_model(args.model)  # pulls or synthesizes here, with progress, not in the background
     state = serve_state.state_dir()
     log, report = state / f"{name}.log", state / f".{name}.report.json"
@@ -150,6 +193,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     argv += ["--allow-remote"] if args.allow_remote else []
     argv += ["--ctx", str(args.ctx)] if args.ctx is not None else []
     argv += ["--route", args.route] if args.route else []
+    argv += options.serve_argv()
     print(f"provision: starting {name} in the background (log: {log})", file=sys.stderr, flush=True)
     proc = serve_state.spawn_supervisor(argv, log)
     try:

@@ -77,12 +77,12 @@ def test_guest_init_brings_up_a_nic_only_when_one_is_given() -> None:
 def test_server_command_offloads_all_layers_to_the_stack_device_or_none() -> None:
     stack = catalog.load().get("llama-linux")
     gpu = serving.server_command(stack, True, "tiny-llama", 512, 4)
-    assert gpu[:2] == ["sh", "-c"]
-    assert gpu[2].startswith('exec llama-server -m "$MODEL" --alias tiny-llama --host 0.0.0.0 --port 8080')
-    assert "--n-gpu-layers 99 --device Vulkan0" in gpu[2] and "--ctx-size 512" in gpu[2]
-    assert "--parallel 4" in gpu[2]
+    assert gpu[:4] == ["sh", "-c", 'exec llama-server -m "$MODEL" "$@"', "llama-server"]
+    assert gpu[4:10] == ["--alias", "tiny-llama", "--host", "0.0.0.0", "--port", "8080"]
+    assert " ".join(gpu).endswith("--ctx-size 512 --n-gpu-layers 99 --device Vulkan0")
+    assert "--parallel 4" in " ".join(gpu)
     cpu = serving.server_command(stack, False, "tiny-llama", None, 1)
-    assert "--n-gpu-layers 0 --device none" in cpu[2] and "--ctx-size" not in cpu[2]
+    assert cpu[-4:] == ["--n-gpu-layers", "0", "--device", "none"] and "--ctx-size" not in cpu
 
 
 def test_host_beyond_loopback_needs_allow_remote_and_must_be_numeric_ipv4() -> None:

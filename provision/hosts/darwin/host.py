@@ -44,7 +44,7 @@ class DarwinHost:
             req.stack,
             req.gpu,
             req.model_path,
-            serving.server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel),
+            req.command(),
             req.route,
             publish=Publish(req.host, req.port, serving.GUEST_PORT),
             model_name=f"{req.model}.gguf",

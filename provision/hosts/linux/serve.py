@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
 from provision.hosts.linux.shell import terminate
-from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
+from provision.serve.engine import GUEST_PORT, ServeRequest
 
 # A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
 SERVE_LIMIT_S = 30 * 24 * 3600.0
@@ -48,7 +48,7 @@ class LinuxGuest:
 
     def _run(self) -> None:
         req = self.req
-        command = server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel)
+        command = req.command()
         try:
             res = self.backend.execute(
                 req.stack,
