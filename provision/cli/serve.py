@@ -10,20 +10,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provision.cli import routing, serve_generate
 from provision.cli.output import command, table
 from provision.cli.run import resolve_model
+from provision.cli.serve_model import apply_defaults, model_defaults
 from provision.core.errors import InvalidValue, ProvisionError
 from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
     from provision.serve.engine import ServeRequest, ServerOptions
-    from provision.serve.model_defaults import ModelDefaults
 
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -84,22 +83,6 @@ def server_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings too")
     p.add_argument("--runtime-args", default=None, metavar="ARGS",
                    help="more llama-server options, one string split into words (never run by a shell)")
-
-
-def model_defaults(ref: str, path: Path) -> ModelDefaults:
-    """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
-    from provision.models.store import Store
-    from provision.serve import model_defaults as defaults
-
-    if Path(ref).expanduser().is_file():
-        return defaults.ModelDefaults()
-    return defaults.for_model(Store(out=sys.stderr), ref, path)
-
-
-def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:
-    for note in found.notes:
-        print(f"provision: model: {note}", file=sys.stderr)
-    return replace(options, chat_template=found.chat_template, model_args=found.args)
 
 
 def _stack(args: argparse.Namespace) -> Stack:

@@ -38,7 +38,7 @@ def options(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, stack: Stack, host: str, name: str, opts: ServerOptions) -> Result:
     from provision.cli.run import resolve_model
-    from provision.cli.serve import apply_defaults, model_defaults
+    from provision.cli.serve_model import apply_defaults, model_defaults
     from provision.core import outputs, paths
     from provision.serve import engine, generate, generate_unit
 

@@ -1,0 +1,32 @@
+"""The model `provision serve` serves, beyond its file: an ollama model's template and params.
+
+Shared by serve and `serve --generate` (provision.serve.model_defaults converts them; the store says
+which model a served file is).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from provision.serve.engine import ServerOptions
+    from provision.serve.model_defaults import ModelDefaults
+
+
+def model_defaults(ref: str, path: Path) -> ModelDefaults:
+    """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
+    from provision.models.store import Store
+    from provision.serve import model_defaults as defaults
+
+    if Path(ref).expanduser().is_file():
+        return defaults.ModelDefaults()
+    return defaults.for_model(Store(out=sys.stderr), ref, path)
+
+
+def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:
+    for note in found.notes:
+        print(f"provision: model: {note}", file=sys.stderr)
+    return replace(options, chat_template=found.chat_template, model_args=found.args)
