@@ -225,6 +225,8 @@ def test_every_part_of_a_split_model_is_mounted_under_its_own_name(quadlet: Path
 def empty_image() -> str:
     """A local image with nothing in it: kube play --start=false creates containers, it runs none."""
     name = "localhost/krun-gpu-test/empty:1"
+    if subprocess.run(["podman", "image", "exists", name], timeout=60).returncode == 0:
+        return name  # an import each run would leave the last one untagged
     proc = subprocess.run(["podman", "import", "-q", "-", name], input=b"\0" * 10240, capture_output=True, timeout=120)
     assert proc.returncode == 0, proc.stderr.decode()
     return name
