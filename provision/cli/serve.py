@@ -100,6 +100,7 @@ def serve_request(args: argparse.Namespace, stack: Stack, host: str, name: str, 
 
     model_path = resolve_model(args.model)
     assert model_path is not None  # --model is required
+    serving.check_parts(model_path)
     found = model_defaults(args.model, model_path)
     return serving.ServeRequest(
         stack=stack,

@@ -17,6 +17,7 @@ import http.client
 import ipaddress
 import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -315,6 +316,37 @@ def _ignoring_interrupts() -> Iterator[None]:
 
 def default_name(stack: Stack, port: int) -> str:
     return serve_state.check_name(f"{stack.name}-{port}")
+
+
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.gguf$")
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every file of the model: for part 1 of a split GGUF its siblings too (llama.cpp opens part 1 and
+    finds part K by its name beside it), else the file alone."""
+    m = _SPLIT.match(path.name)
+    if m is None or m.group("k") != "00001":
+        return [path]
+    stem, count = m.group("stem"), int(m.group("n"))
+    return [path.with_name(f"{stem}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
+def check_parts(path: Path) -> list[Path]:
+    """E003 before anything boots when part 1 of a split model is given without all its siblings."""
+    parts = split_parts(path)
+    for part in parts[1:]:
+        if not part.is_file():
+            raise InvalidValue(f"{path.name} is part 1 of a split model, but {part} is missing",
+                               fix="provision model verify NAME (or pull it again)")  # fmt: skip
+    return parts
+
+
+def guest_files(req: ServeRequest) -> tuple[str, dict[str, Path]]:
+    """The model's file name in the guest and the files beside it: a split model keeps its part names."""
+    parts = split_parts(req.model_path)
+    if len(parts) == 1:
+        return f"{req.model}.gguf", {}
+    return parts[0].name, {p.name: p for p in parts[1:]}
 
 
 def model_alias(ref: str, path: Path) -> str:

@@ -36,7 +36,6 @@ from provision.core.errors import InvalidValue
 from provision.serve import engine
 
 FORMATS = ("quadlet", "kube")  # for a Mac's podman machine; generate_unit.py: "systemd" for Linux
-_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.gguf$")
 MODEL_DIR = "/models"
 DEVICE = "/dev/dri"
 TMPFS = "/tmp:rw,nosuid,nodev,mode=1777"
@@ -71,11 +70,7 @@ class Served:
     @property
     def parts(self) -> list[Path]:
         """Every file of the model: part 1's siblings too, when it is part 1 of a split GGUF."""
-        m = _SPLIT.match(self.model_path.name)
-        if m is None:
-            return [self.model_path]
-        stem, count = m.group("stem"), int(m.group("n"))
-        return [self.model_path.with_name(f"{stem}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+        return engine.split_parts(self.model_path)
 
     def mounts(self) -> list[tuple[Path, str]]:
         """(host path, path in the container): a split model keeps its part names, one file keeps the alias."""
@@ -106,11 +101,8 @@ def check(s: Served) -> Served:
         raise InvalidValue(f"model path {s.model_path}: must be absolute (podman mounts host paths)")
     if s.model_path.name.startswith(".") or s.model_path.name in ("", ".."):
         raise InvalidValue(f"model path {s.model_path}: not a GGUF file name")
-    for part in s.parts:
+    for part in engine.check_parts(s.model_path):
         plain(str(part), "model path", "move or link the GGUF to a path of plain characters, e.g. ~/models/x.gguf")
-        if part != s.model_path and not part.is_file():
-            raise InvalidValue(f"{s.model_path.name} is part 1 of a split model, but {part} is missing",
-                               fix="provision model verify NAME (or pull it again)")  # fmt: skip
     plain(s.model, "model name", "--model with a plain store name")
     plain(s.image, "image", "provision image build STACK, then use its localhost/krun-gpu/STACK:TAG")
     for key, value in s.stack.guest_env.items():

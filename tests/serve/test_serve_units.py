@@ -5,6 +5,7 @@ server on 127.0.0.1, and the shell's byte relay on a real pty."""
 from __future__ import annotations
 
 import http.server
+import io
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -348,3 +350,34 @@ def test_ctrl_bracket_stops_the_latest_qemu_not_an_earlier_boot_s_pid() -> None:
         for p in (first, latest):
             p.kill()
             p.wait()
+
+
+def test_a_split_model_reaches_the_guest_part_by_part_under_its_own_names(empty_cache: Path, tmp_path: Path) -> None:
+    from provision.hosts.linux import disks
+    from provision.hosts.linux import serve as linux_serve
+
+    names = [f"big-Q4_K_M-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
+    for k, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"GGUF" + bytes([k]) * 100)
+    stack = catalog.load().get("llama-linux")
+    req = serving.ServeRequest(stack, tmp_path / names[0], "big-Q4_K_M", False, name="t")
+    seen: dict[str, Any] = {}
+
+    class Backend:
+        def execute(self, *args: Any, **kw: Any) -> None:
+            seen.update(kw, model_path=args[2], command=args[3])
+            raise RuntimeError("recorded")
+
+    guest = linux_serve.LinuxGuest(req, out=io.BytesIO(), err=io.BytesIO())
+    guest.backend = Backend()  # type: ignore[assignment]
+    guest._run()
+    assert seen["model_name"] == names[0] and sorted(seen["model_extras"]) == names[1:]
+    disk = disks.model_disk(seen["model_path"], seen["model_name"], seen["model_extras"])
+    listing = subprocess.run(["debugfs", "-R", "ls -p /", str(disk)], capture_output=True, text=True, check=True)
+    assert all(f"/{name}/" in listing.stdout for name in names), listing.stdout
+    # one file keeps the alias, as before
+    single = serving.ServeRequest(stack, tmp_path / "x.gguf", "tiny", False, name="t")
+    assert serving.guest_files(single) == ("tiny.gguf", {})
+    (tmp_path / names[2]).unlink()
+    with pytest.raises(InvalidValue, match="is missing"):
+        serving.check_parts(tmp_path / names[0])

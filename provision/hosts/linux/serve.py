@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
 from provision.hosts.linux.shell import terminate
-from provision.serve.engine import GUEST_PORT, ServeRequest
+from provision.serve.engine import GUEST_PORT, ServeRequest, guest_files
 
 # A run's deadline is also a serve's: a served guest ends after 30 days at the latest.
 SERVE_LIMIT_S = 30 * 24 * 3600.0
@@ -49,6 +49,7 @@ class LinuxGuest:
     def _run(self) -> None:
         req = self.req
         command = req.command()
+        model_name, beside = guest_files(req)  # a split model's parts under their own names
         try:
             res = self.backend.execute(
                 req.stack,
@@ -59,7 +60,8 @@ class LinuxGuest:
                 req.route,
                 stdout=self.out,
                 stderr=self.err,
-                model_name=req.model,
+                model_name=model_name,
+                model_extras=beside or None,
             )
             self._status = res.exit_status
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
