@@ -50,8 +50,9 @@ OWNED = {
 
 @dataclass(frozen=True)
 class ServerOptions:
-    """llama-server options beyond the model and the address: the user's flags, then the model's own
-    defaults (an ollama model's template and params, serve/model_defaults.py), then --runtime-args."""
+    """llama-server options beyond the model and the address, in the order they are passed: the model's
+    own (an ollama model's template and params, serve/model_defaults.py), then the user's flags, then
+    --runtime-args (llama-server keeps the last value of an option given twice)."""
 
     temp: float | None = None
     ngl: int | None = None  # layers on the GPU; None: all of them with --gpu

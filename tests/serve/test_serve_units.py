@@ -303,6 +303,20 @@ def test_macos_serve_publishes_on_loopback_and_shell_is_interactive(tmp_path: Pa
     assert sh.argv[:4] == ("podman", "run", "--rm", "-it")
 
 
+def test_a_split_model_reaches_the_macos_container_part_by_part(tmp_path: Path) -> None:
+    names = [f"big-{k:05d}-of-00002.gguf" for k in (1, 2)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"GGUF")
+    req = serving.ServeRequest(catalog.load().get("llama"), tmp_path / names[0], "big", True, name="t")
+    name, beside = serving.guest_files(req)
+    plan = plan_run(req.stack, gpu=True, route=None, model_path=req.model_path, command=req.command(), compat={},
+                    image="img", model_name=name, model_extras=beside)  # fmt: skip
+    argv = list(plan.argv)
+    for part in names:
+        assert f"{tmp_path / part}:/models/{part}:ro" in argv
+    assert f"MODEL=/models/{names[0]}" in argv
+
+
 # --- shell -----------------------------------------------------------------------------------------
 
 

@@ -40,6 +40,7 @@ class DarwinHost:
         from provision.hosts.darwin.serve import ProcessGuest
         from provision.serve import engine as serving
 
+        model_name, beside = serving.guest_files(req)  # a split model's parts under their own names
         argv = DarwinBackend().guest_argv(
             req.stack,
             req.gpu,
@@ -47,7 +48,8 @@ class DarwinHost:
             req.command(),
             req.route,
             publish=Publish(req.host, req.port, serving.GUEST_PORT),
-            model_name=f"{req.model}.gguf",
+            model_name=model_name,
+            model_extras=beside,
         )
         return ProcessGuest(argv, out=out, err=err)
 
