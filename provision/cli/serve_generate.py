@@ -37,12 +37,13 @@ def options(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, stack: Stack, host: str, name: str, opts: ServerOptions) -> Result:
+    from provision import hosts
     from provision.cli.run import resolve_model
     from provision.cli.serve_model import apply_defaults, model_defaults
     from provision.core import outputs, paths
     from provision.serve import engine, generate, generate_unit
 
-    target_host = args.target or ("darwin" if sys.platform == "darwin" else "linux")
+    target_host = args.target or hosts.platform_key()
     generate.check_target(args.generate, stack, target_host)
     target = outputs.output_path(args.output, "--output")
     if target is None:
