@@ -268,3 +268,17 @@ def test_podman_kube_play_accepts_the_pod_where_dev_dri_exists(split: Path, empt
         assert container["State"]["Status"] == "created"  # --start=false: created, never run
     finally:
         subprocess.run(["podman", "pod", "rm", "-f", name], capture_output=True, timeout=120)
+
+
+def test_an_ollama_model_s_template_goes_into_the_pod_and_the_quadlet_says_it_cannot_carry_it(model: Path) -> None:
+    from provision.serve import engine, model_defaults
+
+    found = model_defaults.from_layers("{{ .System }}\n USER: {{ .Prompt }} ASSISTANT:", {"temperature": 0.2})
+    assert found.chat_template is not None
+    s = served(model, options=engine.ServerOptions(chat_template=found.chat_template, model_args=found.args))
+    command = yaml.safe_load(generate.kube(s))["spec"]["containers"][0]["command"]
+    assert command[command.index("--chat-template") + 1] == found.chat_template
+    assert command[command.index("--temp") + 1] == "0.2"
+    unit = generate.quadlet(s)
+    assert "--chat-template" not in unit and "--temp 0.2" in unit
+    assert "# The model's ollama template is not here" in unit
