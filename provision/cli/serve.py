@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 from provision.cli import output, routing, serve_generate
 from provision.cli.output import command, table
 from provision.cli.run import plan_result, resolve_model
+from provision.cli.serve_model import apply_defaults, model_defaults
 from provision.core.errors import InvalidValue, ProvisionError
 from provision.core.result import Result
 
 if TYPE_CHECKING:
     from provision.core.catalog import Stack
-    from provision.serve.engine import ServeRequest
+    from provision.serve.engine import ServeRequest, ServerOptions
 
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -46,14 +47,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8080, help="host port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="host address to publish on (default 127.0.0.1)")
     p.add_argument("--allow-remote", action="store_true", help="allow a --host beyond loopback (no auth!)")
-    p.add_argument("--ctx", type=int, default=None, help="context size in tokens (default: the model's)")
+    p.add_argument("--ctx-size", "--ctx", dest="ctx", type=int, default=None,
+                   help="context size in tokens (default: the model's)")
+    server_options(p)
     p.add_argument("--parallel", type=int, default=4, help="concurrent request slots (default 4)")
     p.add_argument("--name", default=None, help="name for ps/stop (default STACK-PORT)")
     p.add_argument("--wait", type=float, default=900.0, metavar="S", help="health deadline from boot (default 900)")
     p.add_argument("--detach", action="store_true", help="return once healthy; `provision stop NAME` ends it")
     p.add_argument("--dry-run", action="store_true", help="print the plan (what would start), start nothing")
     p.add_argument("--report", default=None, help=argparse.SUPPRESS)
-    serve_generate.options(p)  # --generate quadlet|kube --output FILE [--force]
+    serve_generate.options(p)  # --generate systemd|quadlet|kube --target HOST --output FILE [--force]
     p.set_defaults(func=serve_cmd)
 
     p = command(sub, "ps", COMMANDS["ps"], "provision ps --json", json=True)
@@ -75,6 +78,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=shell_cmd)
 
 
+def server_options(p: argparse.ArgumentParser) -> None:
+    """llama-server's own options (provision.serve.engine.ServerOptions), each passed as one argument."""
+    p.add_argument("--temp", type=float, default=None, help="default sampling temperature (0-5)")
+    p.add_argument("--ngl", type=int, default=None, metavar="N", help="with --gpu: layers on the GPU (default all)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads llama-server uses")
+    p.add_argument("--embeddings", action="store_true", help="serve /v1/embeddings too")
+    p.add_argument("--runtime-args", default=None, metavar="ARGS",
+                   help="more llama-server options, one string split into words (never run by a shell)")
+
+
 def _stack(args: argparse.Namespace) -> Stack:
     from provision.core import catalog
 
@@ -82,6 +95,35 @@ def _stack(args: argparse.Namespace) -> Stack:
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
     catalog.check_route(stack, args.route)
     return stack
+
+
+def serve_request(
+    args: argparse.Namespace, stack: Stack, host: str, name: str, options: ServerOptions, *, fetch: bool = True
+) -> ServeRequest:
+    """What serve runs: the model (fetched when it must be) with its own defaults under the user's flags.
+    ``fetch=False`` (a dry run): the model where the store has it or will put it, nothing pulled or written."""
+    from provision.serve import engine as serving
+
+    model_path = resolve_model(args.model, fetch=fetch)
+    assert model_path is not None  # --model is required
+    present = fetch or model_path.is_file()  # a dry run of a model not made yet: its defaults come with it
+    if present:
+        serving.check_parts(model_path)
+    found = model_defaults(args.model, model_path) if present else None
+    return serving.ServeRequest(
+        stack=stack,
+        model_path=model_path,
+        model=serving.model_alias(args.model, model_path),
+        gpu=args.gpu,
+        host=host,
+        port=args.port,
+        ctx=args.ctx if args.ctx is not None or found is None else found.ctx,
+        parallel=args.parallel,
+        name=name,
+        wait_s=args.wait,
+        route=args.route,
+        options=apply_defaults(options, found) if found is not None else options,
+    )
 
 
 def serve_cmd(args: argparse.Namespace) -> Result | int:
@@ -92,17 +134,20 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
     stack = _stack(args)
     host = serving.check_host(args.host, args.allow_remote)
     serving.check_numbers(args.port, args.ctx, args.parallel)
+    options = serving.check_options(serving.ServerOptions(
+        temp=args.temp, ngl=args.ngl, threads=args.threads, embeddings=args.embeddings,
+        runtime_args=serving.split_runtime_args(args.runtime_args)), args.gpu)  # fmt: skip
     name = serve_state.check_name(args.name) if args.name else serving.default_name(stack, args.port)
     if args.generate:
-        return serve_generate.run(args, stack, host, name)
+        return serve_generate.run(args, stack, host, name, options)
     if args.dry_run:
-        return plan_result(hosts.native().plan_serve(_serve_request(args, stack, host, name, fetch=False)))
+        return plan_result(hosts.native().plan_serve(serve_request(args, stack, host, name, options, fetch=False)))
     if args.detach:
-        return _detach(args, stack, host, name)
+        return _detach(args, stack, host, name, options)
     report = Path(args.report) if args.report else None
     try:
         serving.check_port_free(host, args.port)
-        req = _serve_request(args, stack, host, name)
+        req = serve_request(args, stack, host, name, options)
 
         def ready(entry: serve_state.Entry) -> None:
             if report is not None:
@@ -119,39 +164,17 @@ def serve_cmd(args: argparse.Namespace) -> Result | int:
         raise
 
 
-def _serve_request(
-    args: argparse.Namespace, stack: Stack, host: str, name: str, *, fetch: bool = True
-) -> ServeRequest:
-    from provision.serve import engine as serving
-
-    model_path = resolve_model(args.model, fetch=fetch)
-    assert model_path is not None  # --model is required
-    return serving.ServeRequest(
-        stack=stack,
-        model_path=model_path,
-        model=serving.model_alias(args.model, model_path),
-        gpu=args.gpu,
-        host=host,
-        port=args.port,
-        ctx=args.ctx,
-        parallel=args.parallel,
-        name=name,
-        wait_s=args.wait,
-        route=args.route,
-    )
-
-
-def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Result:
+def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str, options: ServerOptions) -> Result:
     from provision.serve import engine as serving
     from provision.serve import state as serve_state
 
+    serving.check_port_free(host, args.port)  # first: the default name comes from the port
     for entry in serve_state.entries():
         if entry.name == name:
             raise InvalidValue(
                 f"a serve named {name!r} already runs ({entry.url})",
                 fix=f"--name OTHER, or provision stop {name}",
             )
-    serving.check_port_free(host, args.port)
     resolve_model(args.model)  # pulls or synthesizes here, with progress, not in the background
     state = serve_state.state_dir()
     log, report = state / f"{name}.log", state / f".{name}.report.json"
@@ -164,6 +187,7 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str) -> Res
     argv += ["--allow-remote"] if args.allow_remote else []
     argv += ["--ctx", str(args.ctx)] if args.ctx is not None else []
     argv += ["--route", args.route] if args.route else []
+    argv += options.serve_argv()
     args.app.say("serve")(f"provision: starting {name} in the background (log: {log})")
     proc = serve_state.spawn_supervisor(argv, log)
     try:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import ipaddress
+import math
 import os
+import re
 import shlex
 import signal
 import socket
@@ -31,6 +33,90 @@ from provision.serve import state as serve_state
 
 GUEST_PORT = 8080
 DEFAULT_WAIT_S = 900.0
+# The guest's llama-server is started by this constant script; every value follows it as its own
+# argument ("$@"), so no value is ever parsed by a shell. $MODEL is set by the job (the model's mount).
+LAUNCH = 'exec llama-server -m "$MODEL" "$@"'
+# Options serve sets itself (its own flags say how to change them): --runtime-args may not repeat them.
+OWNED = {
+    "-m": "--model", "--model": "--model", "-mu": "--model", "--model-url": "--model", "-hf": "--model",
+    "-hfr": "--model", "--hf-repo": "--model", "-hff": "--model", "--hf-file": "--model",
+    "-a": "--name", "--alias": "--name", "--host": "--host", "--port": "--port",
+    "-dev": "--gpu", "--device": "--gpu", "-ngl": "--ngl", "--gpu-layers": "--ngl", "--n-gpu-layers": "--ngl",
+    "-c": "--ctx-size", "--ctx-size": "--ctx-size", "-np": "--parallel", "--parallel": "--parallel",
+    "-t": "--threads", "--threads": "--threads", "--temp": "--temp", "--embedding": "--embeddings",
+    "--embeddings": "--embeddings", "--path": "(none: the web UI is not built)",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """llama-server options beyond the model and the address, in the order they are passed: the model's
+    own (an ollama model's template and params, serve/model_defaults.py), then the user's flags, then
+    --runtime-args (llama-server keeps the last value of an option given twice)."""
+
+    temp: float | None = None
+    ngl: int | None = None  # layers on the GPU; None: all of them with --gpu
+    threads: int | None = None
+    embeddings: bool = False
+    runtime_args: tuple[str, ...] = ()
+    chat_template: str | None = None  # a jinja chat template (the GGUF's own when None)
+    model_args: tuple[str, ...] = ()  # the model's sampling defaults, as llama-server options
+
+    def argv(self) -> list[str]:
+        args: list[str] = []
+        if self.chat_template is not None:
+            args += ["--jinja", "--chat-template", self.chat_template]
+        # The user's own flags come after the model's defaults: llama-server keeps the last value.
+        args += list(self.model_args)
+        if self.temp is not None:
+            args += ["--temp", repr(self.temp)]
+        if self.threads is not None:
+            args += ["--threads", str(self.threads)]
+        if self.embeddings:
+            args += ["--embeddings"]
+        return args + list(self.runtime_args)
+
+    def serve_argv(self) -> list[str]:
+        """The user's flags again, as `provision serve` takes them (a supervisor's or a unit's command)."""
+        argv: list[str] = []
+        for flag, value in (("--temp", self.temp), ("--ngl", self.ngl), ("--threads", self.threads)):
+            argv += [flag, str(value)] if value is not None else []
+        argv += ["--embeddings"] if self.embeddings else []
+        # One word with '=': argparse would take a value that starts with '-' for an option.
+        return argv + ([f"--runtime-args={shlex.join(self.runtime_args)}"] if self.runtime_args else [])
+
+
+def split_runtime_args(text: str | None) -> tuple[str, ...]:
+    """``--runtime-args "…"``: words split as a shell would quote them (never run by one), each checked."""
+    if not text:
+        return ()
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InvalidValue(f"--runtime-args {text!r}: {exc}", fix="--runtime-args '--top-k 40 --min-p 0.05'") from None
+    for word in words:
+        if any(ord(c) < 32 or ord(c) == 127 for c in word):
+            raise InvalidValue(f"--runtime-args: {word!r} holds a control character",
+                               fix="give each llama-server option as plain text")  # fmt: skip
+        flag = word.split("=", 1)[0]
+        if flag in OWNED:
+            raise InvalidValue(f"--runtime-args: {flag} is set by provision serve itself",
+                               fix=f"use provision serve {OWNED[flag]} instead")  # fmt: skip
+    return tuple(words)
+
+
+def check_options(opts: ServerOptions, gpu: bool) -> ServerOptions:
+    """E003 for a value llama-server would take badly or serve cannot honour, before anything boots."""
+    if opts.temp is not None and not (math.isfinite(opts.temp) and 0.0 <= opts.temp <= 5.0):
+        raise InvalidValue(f"--temp {opts.temp}: expected 0-5", fix="--temp 0.7")
+    if opts.ngl is not None:
+        if not gpu:
+            raise InvalidValue(f"--ngl {opts.ngl}: layers go to a GPU only with --gpu", fix="add --gpu, or drop --ngl")
+        if not 1 <= opts.ngl <= 999:
+            raise InvalidValue(f"--ngl {opts.ngl}: expected 1-999 layers (drop --gpu for none)", fix="--ngl 20")
+    if opts.threads is not None and not 1 <= opts.threads <= 1024:
+        raise InvalidValue(f"--threads {opts.threads}: expected 1-1024", fix="--threads 4")
+    return opts
 
 
 @dataclass(frozen=True)
@@ -46,10 +132,14 @@ class ServeRequest:
     name: str = ""
     wait_s: float = DEFAULT_WAIT_S
     route: str | None = None
+    options: ServerOptions = ServerOptions()
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return server_command(self.stack, self.gpu, self.model, self.ctx, self.parallel, self.options)
 
 
 def check_host(host: str, allow_remote: bool) -> str:
@@ -78,32 +168,45 @@ def check_numbers(port: int, ctx: int | None, parallel: int) -> None:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """E027 when something already listens on host:port (tried the way a server binds)."""
+    """E027 naming the port when a serve of ours holds it (a guest still booting listens on nothing
+    yet) or something else listens there (tried the way a server binds)."""
+    for entry in serve_state.entries():
+        if entry.port == port and (entry.host == host or "0.0.0.0" in (entry.host, host)):
+            raise PortInUse(
+                f"port {port} is taken: the serve {entry.name!r} publishes on {entry.host}:{port} ({entry.status})",
+                fix=f"choose another port (--port {port + 1}), or stop it first (provision stop {entry.name})",
+            )
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
             raise PortInUse(
-                f"cannot publish on {host}:{port}: {exc.strerror}",
-                fix=f"choose another port (--port), or stop what listens there (`ss -ltnp 'sport = :{port}'`)",
+                f"cannot publish on {host}:{port}: port {port} is in use ({exc.strerror})",
+                fix=f"choose another port (--port {port + 1}), or stop what listens on port {port} "
+                f"(`ss -ltnp 'sport = :{port}'`)",
             ) from None
 
 
-def server_command(stack: Stack, gpu: bool, model: str, ctx: int | None, parallel: int) -> list[str]:
-    """The guest command: llama-server on all layers of the stack's device (GPU) or none (CPU)."""
-    args = ["llama-server", "-m", "MODEL_PATH", "--alias", model, "--host", "0.0.0.0", "--port", str(GUEST_PORT)]
+def server_command(
+    stack: Stack, gpu: bool, model: str, ctx: int | None, parallel: int, options: ServerOptions | None = None
+) -> list[str]:
+    """The guest command: llama-server on the stack's device (all layers, or ``--ngl``) or none (CPU).
+
+    ``sh -c LAUNCH llama-server ARG…``: the script is constant and each option is one argument.
+    """
+    opts = options or ServerOptions()
+    args = ["--alias", model, "--host", "0.0.0.0", "--port", str(GUEST_PORT)]
     args += ["--parallel", str(parallel)]
     if ctx is not None:
         args += ["--ctx-size", str(ctx)]
     if gpu:
-        args += ["--n-gpu-layers", "99"]
+        args += ["--n-gpu-layers", str(opts.ngl if opts.ngl is not None else 99)]
         if stack.device:
             args += ["--device", stack.device]
     else:
         args += ["--n-gpu-layers", "0", "--device", "none"]
-    # $MODEL is set by the job script (the model disk's mount point).
-    return ["sh", "-c", "exec " + shlex.join(args).replace("MODEL_PATH", '"$MODEL"')]
+    return ["sh", "-c", LAUNCH, "llama-server", *args, *opts.argv()]
 
 
 def health(host: str, port: int, timeout: float = 5.0) -> bool:
@@ -214,6 +317,37 @@ def _ignoring_interrupts() -> Iterator[None]:
 
 def default_name(stack: Stack, port: int) -> str:
     return serve_state.check_name(f"{stack.name}-{port}")
+
+
+_SPLIT = re.compile(r"^(?P<stem>.+)-(?P<k>\d{5})-of-(?P<n>\d{5})\.gguf$")
+
+
+def split_parts(path: Path) -> list[Path]:
+    """Every file of the model: for part 1 of a split GGUF its siblings too (llama.cpp opens part 1 and
+    finds part K by its name beside it), else the file alone."""
+    m = _SPLIT.match(path.name)
+    if m is None or m.group("k") != "00001":
+        return [path]
+    stem, count = m.group("stem"), int(m.group("n"))
+    return [path.with_name(f"{stem}-{k:05d}-of-{count:05d}.gguf") for k in range(1, count + 1)]
+
+
+def check_parts(path: Path) -> list[Path]:
+    """E003 before anything boots when part 1 of a split model is given without all its siblings."""
+    parts = split_parts(path)
+    for part in parts[1:]:
+        if not part.is_file():
+            raise InvalidValue(f"{path.name} is part 1 of a split model, but {part} is missing",
+                               fix="provision model verify NAME (or pull it again)")  # fmt: skip
+    return parts
+
+
+def guest_files(req: ServeRequest) -> tuple[str, dict[str, Path]]:
+    """The model's file name in the guest and the files beside it: a split model keeps its part names."""
+    parts = split_parts(req.model_path)
+    if len(parts) == 1:
+        return f"{req.model}.gguf", {}
+    return parts[0].name, {p.name: p for p in parts[1:]}
 
 
 def model_alias(ref: str, path: Path) -> str:

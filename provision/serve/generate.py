@@ -1,24 +1,31 @@
-"""`provision serve --generate quadlet|kube`: the served model as a podman quadlet unit or a Pod YAML.
+"""`provision serve --generate quadlet|kube`: a Mac's serve as a podman quadlet unit or a Pod YAML.
+
+On macOS `provision serve` runs the stack's image in the podman machine (krunkit, libkrun's GPU:
+the machine has /dev/dri), so the unit and the Pod describe that container and run where serve
+does. On Linux serve boots a QEMU guest instead, which no container describes: there the unit is a
+systemd service that runs `provision serve` itself (generate_unit.py), and asking for a quadlet or
+a Pod there is E003 naming the one that fits.
 
 Pure: the text only (the CLI writes it whole to the file the user names, provision/core/outputs.py).
-Both describe one container of the stack's image running the same llama-server command as
-`provision serve` (engine.server_command: the stack's device with ``--gpu``, none without), with
-the GPU's render nodes (/dev/dri) when ``--gpu``, the model bind-mounted read-only, and the port
-published on a loopback address only (``--allow-remote`` is not offered here: a unit outlives the
-terminal that would have shown the warning). The container is locked down like `provision run`'s
-(no capabilities, no new privileges, read-only root with a tmpfs /tmp).
+Both run llama-server as `provision serve` does (engine.server_command: the stack's device with
+``--gpu``, none without, and its options), with the render nodes when ``--gpu``, the model
+bind-mounted read-only (a split model part by part, each under its own name: llama.cpp finds part
+K by name beside part 1), and the port published on a loopback address only (``--allow-remote``
+is not offered here: a unit outlives the terminal that would have shown the warning). The
+container is locked down like `provision run`'s (no capabilities, no new privileges, read-only
+root with a tmpfs /tmp).
 
 Every value that reaches the file is checked against a plain character set first (E003 naming
 it): unit files expand ``%`` and ``$`` and split on quotes, YAML has its own quoting, and a path
-with such characters is far rarer than a broken unit.
+with such characters is far rarer than a broken unit. The one exception is an ollama model's chat
+template, which only the Pod carries (a YAML string); the quadlet leaves it to the GGUF and says so.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -28,7 +35,7 @@ from provision.core.catalog import Stack
 from provision.core.errors import InvalidValue
 from provision.serve import engine
 
-FORMATS = ("quadlet", "kube")
+FORMATS = ("quadlet", "kube")  # for a Mac's podman machine; generate_unit.py: "systemd" for Linux
 MODEL_DIR = "/models"
 DEVICE = "/dev/dri"
 TMPFS = "/tmp:rw,nosuid,nodev,mode=1777"
@@ -58,15 +65,31 @@ class Served:
     ctx: int | None = None
     parallel: int = 4
     name: str = ""
+    options: engine.ServerOptions = engine.ServerOptions()
+
+    @property
+    def parts(self) -> list[Path]:
+        """Every file of the model: part 1's siblings too, when it is part 1 of a split GGUF."""
+        return engine.split_parts(self.model_path)
+
+    def mounts(self) -> list[tuple[Path, str]]:
+        """(host path, path in the container): a split model keeps its part names, one file keeps the alias."""
+        parts = self.parts
+        if len(parts) == 1:
+            return [(self.model_path, f"{MODEL_DIR}/{self.model}.gguf")]
+        return [(p, f"{MODEL_DIR}/{p.name}") for p in parts]
 
     @property
     def model_in_container(self) -> str:
-        return f"{MODEL_DIR}/{self.model}.gguf"
+        return self.mounts()[0][1]
 
 
 def check(s: Served) -> Served:
     """E007/E003 before anything is written: the GPU rule, loopback, numbers, every value plain."""
     catalog.check_gpu(s.stack, s.gpu)  # no silent CPU fallback in a unit either
+    if "darwin" not in s.stack.hosts:
+        raise InvalidValue(f"stack {s.stack.name}: serve runs it in a QEMU guest, not in a container",
+                           fix="--generate systemd for it, or a stack for macOS (provision stacks)")  # fmt: skip
     addr = ipaddress.ip_address(engine.check_host(s.host, allow_remote=False))
     if not addr.is_loopback:  # check_host allows loopback only without allow_remote; keep it explicit
         raise InvalidValue(f"--host {s.host}: a generated unit publishes on loopback only", fix="--host 127.0.0.1")
@@ -76,7 +99,10 @@ def check(s: Served) -> Served:
                            fix="--name llama-linux-8080")  # fmt: skip
     if not s.model_path.is_absolute():
         raise InvalidValue(f"model path {s.model_path}: must be absolute (podman mounts host paths)")
-    plain(str(s.model_path), "model path", "move or link the GGUF to a path of plain characters, e.g. ~/models/x.gguf")
+    if s.model_path.name.startswith(".") or s.model_path.name in ("", ".."):
+        raise InvalidValue(f"model path {s.model_path}: not a GGUF file name")
+    for part in engine.check_parts(s.model_path):
+        plain(str(part), "model path", "move or link the GGUF to a path of plain characters, e.g. ~/models/x.gguf")
     plain(s.model, "model name", "--model with a plain store name")
     plain(s.image, "image", "provision image build STACK, then use its localhost/krun-gpu/STACK:TAG")
     for key, value in s.stack.guest_env.items():
@@ -84,15 +110,18 @@ def check(s: Served) -> Served:
     return s
 
 
-def server_argv(s: Served) -> list[str]:
-    """`provision serve`'s llama-server argv (engine.server_command), with the model's path written in."""
-    script = engine.server_command(s.stack, s.gpu, s.model, s.ctx, s.parallel)[-1]
-    words = shlex.split(script)
-    if words[:1] != ["exec"] or "$MODEL" not in words:
-        raise AssertionError(f"engine.server_command changed shape: {script!r}")
-    argv = [s.model_in_container if w == "$MODEL" else w for w in words[1:]]
-    for w in argv:
-        plain(w, "llama-server argument", f"check stacks.{s.stack.name}.device in provision/data/stacks.yaml")
+def server_argv(s: Served, *, template: bool = True) -> list[str]:
+    """`provision serve`'s llama-server argv (engine.server_command), with the model's path written in;
+    ``template=False`` leaves an ollama model's chat template out (a quadlet cannot carry it)."""
+    opts = s.options if template else replace(s.options, chat_template=None)
+    command = engine.server_command(s.stack, s.gpu, s.model, s.ctx, s.parallel, opts)
+    if command[:4] != ["sh", "-c", engine.LAUNCH, "llama-server"]:
+        raise AssertionError(f"engine.server_command changed shape: {command[:4]!r}")
+    argv = ["llama-server", "-m", s.model_in_container, *command[4:]]
+    skip = {argv.index("--chat-template") + 1} if opts.chat_template is not None else set()
+    for i, w in enumerate(argv):
+        if i not in skip:
+            plain(w, "llama-server argument", "give --runtime-args and the other options plain values")
     return argv
 
 
@@ -106,7 +135,7 @@ def environment(s: Served) -> dict[str, str]:
 def quadlet(s: Served) -> str:
     """A podman quadlet ``.container`` unit (podman >= 4.4 reads it from ~/.config/containers/systemd/)."""
     check(s)
-    argv = server_argv(s)
+    argv = server_argv(s, template=False)
     lines = [
         f"# {s.name}.container: written by `provision serve --generate quadlet` (stack {s.stack.name}).",
         f"# Install: copy to ~/.config/containers/systemd/, then systemctl --user daemon-reload && "
@@ -119,8 +148,11 @@ def quadlet(s: Served) -> str:
         f"ContainerName={s.name}",
         f"Image={s.image}",
         f"PublishPort={s.host}:{s.port}:{engine.GUEST_PORT}",
-        f"Volume={s.model_path}:{s.model_in_container}:ro",
     ]
+    lines += [f"Volume={host}:{inside}:ro" for host, inside in s.mounts()]
+    if s.options.chat_template is not None:
+        lines.insert(2, "# The model's ollama template is not here (an Exec= line cannot carry it): llama-server uses "
+                        "the GGUF's own; --generate kube carries it.")  # fmt: skip
     if s.gpu:
         lines.append(f"AddDevice={DEVICE}")  # without it the container has no render node: no silent CPU run
     lines += [f"Environment={k}={v}" for k, v in environment(s).items()]
@@ -146,14 +178,18 @@ def quadlet(s: Served) -> str:
 def pod(s: Served) -> dict[str, object]:
     """A Kubernetes v1 Pod as `podman kube play` reads it."""
     check(s)
-    mounts: list[dict[str, object]] = [{"name": "model", "mountPath": s.model_in_container, "readOnly": True},
-                                       {"name": "tmp", "mountPath": "/tmp"}]  # fmt: skip
-    volumes: list[dict[str, object]] = [
-        {"name": "model", "hostPath": {"path": str(s.model_path), "type": "File"}},
-        {"name": "tmp", "emptyDir": {"medium": "Memory"}},
-    ]
+    mounts: list[dict[str, object]] = []
+    volumes: list[dict[str, object]] = []
+    models = s.mounts()
+    for i, (host, inside) in enumerate(models, start=1):
+        vol = "model" if len(models) == 1 else f"model-part-{i}"
+        mounts.append({"name": vol, "mountPath": inside, "readOnly": True})
+        volumes.append({"name": vol, "hostPath": {"path": str(host), "type": "File"}})
+    mounts.append({"name": "tmp", "mountPath": "/tmp"})
+    volumes.append({"name": "tmp", "emptyDir": {"medium": "Memory"}})
     if s.gpu:
-        # kube play takes no CharDevice volumes; the render nodes come in as their host directory.
+        # kube play takes no CharDevice volumes; the render nodes come in as their host directory
+        # (the podman machine's: krunkit gives it virtio-gpu, so /dev/dri exists there).
         mounts.append({"name": "dri", "mountPath": DEVICE})
         volumes.append({"name": "dri", "hostPath": {"path": DEVICE, "type": "Directory"}})
     container = {
@@ -186,6 +222,22 @@ def kube(s: Served) -> str:
     header = (f"# {s.name}.yaml: written by `provision serve --generate kube` (stack {s.stack.name}).\n"
               f"# Run: podman kube play {s.name}.yaml    Stop: podman kube down {s.name}.yaml\n")  # fmt: skip
     return header + yaml.safe_dump(pod(s), sort_keys=False, default_flow_style=False)
+
+
+def check_target(fmt: str, stack: Stack, target: str) -> None:
+    """E003 unless ``fmt`` runs what serve runs on ``target`` ("darwin" or "linux") for ``stack``."""
+    if target not in stack.hosts:
+        raise InvalidValue(f"stack {stack.name} runs on {', '.join(stack.hosts)}, not on {target}",
+                           fix=f"--target {stack.hosts[0]}, or a stack for {target} (provision stacks)")  # fmt: skip
+    if target == "linux" and fmt != "systemd":
+        raise InvalidValue(
+            f"--generate {fmt}: on Linux `provision serve` runs {stack.name} in a QEMU guest, which a "
+            f"{'quadlet container' if fmt == 'quadlet' else 'Pod'} cannot run",
+            fix="--generate systemd (a unit that runs provision serve), or --target darwin for a Mac's podman machine",
+        )
+    if target == "darwin" and fmt == "systemd":
+        raise InvalidValue("--generate systemd: on macOS `provision serve` runs a container in the podman machine",
+                           fix="--generate quadlet or --generate kube")  # fmt: skip
 
 
 def render(fmt: str, s: Served) -> str:

@@ -11,6 +11,7 @@ import pytest
 from provision.bench import perplexity
 from provision.core import catalog, pins
 from provision.core.errors import GpuNotSupported, InvalidValue, ToolMissing, VmFailed
+from provision.hosts import PerplexityRequest
 from provision.hosts.linux import disks
 from provision.hosts.linux import perplexity as linux_perplexity
 from tests.helpers import run_provision
@@ -101,7 +102,10 @@ def test_every_check_comes_before_the_model_is_fetched(tmp_path: Path) -> None:
         stack = stacks().get(str(kw.pop("stack")))
         gpu = bool(kw.pop("gpu"))
         with pytest.raises(error):
-            linux_perplexity.measure(stack, gpu, never, "m", **kw)  # type: ignore[arg-type]
+            linux_perplexity.measure(PerplexityRequest(
+                stack, gpu, never, "m", ctx=int(kw.get("ctx", perplexity.DEFAULT_CTX)),  # type: ignore[call-overload]
+                chunks=perplexity.DEFAULT_CHUNKS, text=kw.get("text"),  # type: ignore[arg-type]
+            ))
 
 
 def test_the_cli_defaults_are_the_domain_defaults() -> None:

@@ -1,13 +1,18 @@
-"""`provision serve --generate quadlet|kube`: checked by the parsers that read them.
+"""`provision serve --generate quadlet|kube` (a Mac's podman machine): checked by the programs that read them.
 
 The quadlet unit goes through podman's own quadlet generator (from the pinned sid podman: the
 host's podman 4.3 has none) and the .service it makes through `systemd-analyze verify`; the Pod
-YAML through the Kubernetes Pod schema (kubernetes-validate, offline).
+YAML through the Kubernetes Pod schema (kubernetes-validate, offline) and `podman kube play
+--start=false` here (this host has no /dev/dri, the podman machine does: the test plays the Pod with
+that one hostPath moved to a directory this host has, and shows it is the only thing that differs).
+The Linux unit (`--generate systemd`) is tested in test_generate_unit.py.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,7 +28,7 @@ from provision.core.paths import cache_dir
 from provision.serve import generate
 from tests.helpers import run_provision
 
-IMAGE = "localhost/krun-gpu/llama-linux:0123456789ab"
+IMAGE = "localhost/krun-gpu/llama:0123456789ab"
 
 
 @pytest.fixture
@@ -34,8 +39,8 @@ def model(tmp_path: Path) -> Path:
     return path
 
 
-def served(model: Path, **kw: object) -> generate.Served:
-    base: dict[str, object] = {"stack": catalog.load().get("llama-linux"), "image": IMAGE, "model_path": model,
+def served(path: Path, **kw: object) -> generate.Served:
+    base: dict[str, object] = {"stack": catalog.load().get("llama"), "image": IMAGE, "model_path": path,
                                "model": "tiny-llama", "gpu": True, "port": 8181, "name": "tiny-8181"}  # fmt: skip
     base.update(kw)
     return generate.Served(**base)  # type: ignore[arg-type]
@@ -152,12 +157,13 @@ def test_gpu_on_a_stack_without_one_is_e007(model: Path) -> None:
 
 def test_cli_writes_the_file_whole_and_never_over_one_without_force(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "unit.container"
-    args = ("serve", "llama-linux", "--model", str(model), "--gpu", "--port", "8282", "--generate", "quadlet",
-            "--output", str(out))  # fmt: skip
+    args = ("serve", "llama", "--target", "darwin", "--model", str(model), "--gpu", "--port", "8282",
+            "--generate", "quadlet", "--output", str(out))  # fmt: skip
     proc = run_provision(*args)
     assert proc.returncode == 0, proc.stderr
+    assert "on darwin serve runs llama as a container in the podman machine" in proc.stderr
     text = out.read_text()
-    assert text.startswith("# llama-linux-8282.container") and "PublishPort=127.0.0.1:8282:8080" in text
+    assert text.startswith("# llama-8282.container") and "PublishPort=127.0.0.1:8282:8080" in text
     out.write_text("mine\n")
     again = run_provision(*args)
     assert again.returncode == 13 and "E003" in again.stderr and "--force" in again.stderr
@@ -170,3 +176,109 @@ def test_cli_writes_the_file_whole_and_never_over_one_without_force(model: Path,
     kube = run_provision(*args[:-3], "kube", "--output", str(tmp_path / "pod.yaml"))
     assert kube.returncode == 0, kube.stderr
     kubernetes_validate.validate(yaml.safe_load((tmp_path / "pod.yaml").read_text()), "1.37", strict=True)
+
+
+@pytest.mark.parametrize("fmt", ["quadlet", "kube"])
+def test_on_linux_a_container_unit_is_refused_naming_the_unit_that_runs_what_serve_runs(model: Path, tmp_path: Path,
+                                                                                         fmt: str) -> None:  # fmt: skip
+    out = tmp_path / "unit"
+    proc = run_provision("serve", "llama-linux", "--target", "linux", "--model", str(model), "--gpu",
+                         "--generate", fmt, "--output", str(out))  # fmt: skip
+    assert proc.returncode == 13 and "runs llama-linux in a QEMU guest" in proc.stderr, proc.stderr
+    assert "fix: --generate systemd" in proc.stderr and not out.exists()
+    with pytest.raises(InvalidValue, match="QEMU guest"):
+        generate.render(fmt, served(model, stack=catalog.load().get("llama-linux")))
+
+
+# --- a split model -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def split(tmp_path: Path) -> Path:
+    """Part 1 of a three-part split GGUF, its siblings beside it (as the store links them)."""
+    folder = tmp_path / "split" / "big"
+    folder.mkdir(parents=True)
+    for k in (1, 2, 3):
+        (folder / f"big-Q4_K_M-{k:05d}-of-00003.gguf").write_bytes(b"GGUF" + bytes([k]))
+    return folder / "big-Q4_K_M-00001-of-00003.gguf"
+
+
+def test_every_part_of_a_split_model_is_mounted_under_its_own_name(quadlet: Path, split: Path, tmp_path: Path) -> None:
+    names = [f"big-Q4_K_M-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
+    s = served(split, model="big-Q4_K_M")
+    _, services = quadlet_run(quadlet, generate.quadlet(s), "tiny-8181", tmp_path)
+    exec_start = next(line for line in services["tiny-8181.service"].splitlines() if line.startswith("ExecStart="))
+    for name in names:
+        assert f"-v {split.parent / name}:/models/{name}:ro" in exec_start
+    assert f"llama-server -m /models/{names[0]} " in exec_start
+    pod = generate.pod(s)
+    mounts = {m["mountPath"]: m["name"] for m in pod["spec"]["containers"][0]["volumeMounts"]}  # type: ignore[index]
+    paths = {v["name"]: v["hostPath"]["path"] for v in pod["spec"]["volumes"] if "hostPath" in v}  # type: ignore[index]
+    assert {inside: paths[vol] for inside, vol in mounts.items() if vol in paths} == {
+        **{f"/models/{n}": str(split.parent / n) for n in names}, "/dev/dri": "/dev/dri"}  # fmt: skip
+    (split.parent / names[2]).unlink()
+    with pytest.raises(InvalidValue, match="is missing"):
+        generate.pod(s)
+
+
+@pytest.fixture(scope="session")
+def empty_image() -> str:
+    """A local image with nothing in it: kube play --start=false creates containers, it runs none."""
+    name = "localhost/krun-gpu-test/empty:1"
+    if subprocess.run(["podman", "image", "exists", name], timeout=60).returncode == 0:
+        return name  # an import each run would leave the last one untagged
+    proc = subprocess.run(["podman", "import", "-q", "-", name], input=b"\0" * 10240, capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return name
+
+
+def kube_play(pod: dict[str, object], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod, sort_keys=False))
+    return subprocess.run(["podman", "kube", "play", "--start=false", str(path)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.podman
+def test_podman_kube_play_accepts_the_pod_where_dev_dri_exists(split: Path, empty_image: str, tmp_path: Path) -> None:
+    assert shutil.which("catatonit"), "podman kube play needs catatonit for its pause image: scripts/setup-debian"
+    assert not Path(generate.DEVICE).exists(), "this test moves /dev/dri because this host has none"
+    name = f"gen-{os.getpid()}"
+    pod = generate.pod(served(split, model="big-Q4_K_M", name=name, image=empty_image))
+    # As written (for the podman machine), only the render nodes are missing here.
+    refused = kube_play(pod, tmp_path)
+    assert refused.returncode != 0 and "/dev/dri" in refused.stderr, refused.stderr
+    subprocess.run(["podman", "pod", "rm", "-f", name], capture_output=True, timeout=120)
+    for volume in pod["spec"]["volumes"]:  # type: ignore[index]
+        if volume["name"] == "dri":
+            volume["hostPath"]["path"] = str(tmp_path)
+    try:
+        played = kube_play(pod, tmp_path)
+        assert played.returncode == 0, played.stderr
+        info = subprocess.run(["podman", "inspect", f"{name}-llama-server", "--format", "json"], capture_output=True,
+                              text=True, timeout=60, check=True)  # fmt: skip
+        container = json.loads(info.stdout)[0]
+        mounts = {m["Destination"]: m["Source"] for m in container["Mounts"]}
+        for k in (1, 2, 3):
+            part = f"big-Q4_K_M-{k:05d}-of-00003.gguf"
+            assert mounts[f"/models/{part}"] == str(split.parent / part)
+        assert [container["Path"], *container["Args"][:2]] == ["llama-server", "-m",
+                                                               "/models/big-Q4_K_M-00001-of-00003.gguf"]  # fmt: skip
+        assert container["State"]["Status"] == "created"  # --start=false: created, never run
+    finally:
+        subprocess.run(["podman", "pod", "rm", "-f", name], capture_output=True, timeout=120)
+
+
+def test_an_ollama_model_s_template_goes_into_the_pod_and_the_quadlet_says_it_cannot_carry_it(model: Path) -> None:
+    from provision.serve import engine, model_defaults
+
+    found = model_defaults.from_layers("{{ .System }}\n USER: {{ .Prompt }} ASSISTANT:", {"temperature": 0.2})
+    assert found.chat_template is not None
+    s = served(model, options=engine.ServerOptions(chat_template=found.chat_template, model_args=found.args))
+    command = yaml.safe_load(generate.kube(s))["spec"]["containers"][0]["command"]
+    assert command[command.index("--chat-template") + 1] == found.chat_template
+    assert command[command.index("--temp") + 1] == "0.2"
+    unit = generate.quadlet(s)
+    assert "--chat-template" not in unit and "--temp 0.2" in unit
+    assert "# The model's ollama template is not here" in unit

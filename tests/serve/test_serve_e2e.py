@@ -155,7 +155,7 @@ def served(model: Path) -> Iterator[dict[str, Any]]:
     start = time.monotonic()
     proc = provision(
         "serve", "llama-linux", "--model", "tiny-llama", "--gpu", "--detach", "--port", str(port),
-        "--name", "e2e-gpu", "--json", timeout=BOOT_S + 120,
+        "--name", "e2e-gpu", "--json", "--temp", "0.3", "--runtime-args=--top-k 7 --min-p 0.01", timeout=BOOT_S + 120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     entry = json.loads(proc.stdout)["data"]
@@ -186,6 +186,12 @@ def test_served_greedy_text_on_the_gpu_equals_the_cpu_route(served: dict[str, An
     assert "--n-gpu-layers 99 --device Vulkan0" in job, job
     assert "no usable GPU found" not in Path(served["log"]).read_text(errors="replace")
     assert re.search(r"virgl|render", " ".join(watchdog.descendants(served["qemu_pid"]).values()))
+
+
+def test_serve_s_llama_server_options_reach_the_guest_through_the_supervisor(served: dict[str, Any]) -> None:
+    params = get(served["port"], "/props")["default_generation_settings"]["params"]
+    assert params["temperature"] == pytest.approx(0.3) and params["top_k"] == 7
+    assert params["min_p"] == pytest.approx(0.01)
 
 
 def test_four_concurrent_requests_all_succeed(served: dict[str, Any]) -> None:

@@ -77,12 +77,12 @@ def test_guest_init_brings_up_a_nic_only_when_one_is_given() -> None:
 def test_server_command_offloads_all_layers_to_the_stack_device_or_none() -> None:
     stack = catalog.load().get("llama-linux")
     gpu = serving.server_command(stack, True, "tiny-llama", 512, 4)
-    assert gpu[:2] == ["sh", "-c"]
-    assert gpu[2].startswith('exec llama-server -m "$MODEL" --alias tiny-llama --host 0.0.0.0 --port 8080')
-    assert "--n-gpu-layers 99 --device Vulkan0" in gpu[2] and "--ctx-size 512" in gpu[2]
-    assert "--parallel 4" in gpu[2]
+    assert gpu[:4] == ["sh", "-c", 'exec llama-server -m "$MODEL" "$@"', "llama-server"]
+    assert gpu[4:10] == ["--alias", "tiny-llama", "--host", "0.0.0.0", "--port", "8080"]
+    assert " ".join(gpu).endswith("--ctx-size 512 --n-gpu-layers 99 --device Vulkan0")
+    assert "--parallel 4" in " ".join(gpu)
     cpu = serving.server_command(stack, False, "tiny-llama", None, 1)
-    assert "--n-gpu-layers 0 --device none" in cpu[2] and "--ctx-size" not in cpu[2]
+    assert cpu[-4:] == ["--n-gpu-layers", "0", "--device", "none"] and "--ctx-size" not in cpu
 
 
 def test_host_beyond_loopback_needs_allow_remote_and_must_be_numeric_ipv4() -> None:
@@ -301,6 +301,20 @@ def test_macos_serve_publishes_on_loopback_and_shell_is_interactive(tmp_path: Pa
     assert sh.argv[:4] == ("podman", "run", "--rm", "-it")
 
 
+def test_a_split_model_reaches_the_macos_container_part_by_part(tmp_path: Path) -> None:
+    names = [f"big-{k:05d}-of-00002.gguf" for k in (1, 2)]
+    for name in names:
+        (tmp_path / name).write_bytes(b"GGUF")
+    req = serving.ServeRequest(catalog.load().get("llama"), tmp_path / names[0], "big", True, name="t")
+    name, beside = serving.guest_files(req)
+    plan = plan_run(req.stack, gpu=True, route=None, model_path=req.model_path, command=req.command(), compat={},
+                    image="img", model_name=name, model_extras=beside)  # fmt: skip
+    argv = list(plan.argv)
+    for part in names:
+        assert f"{tmp_path / part}:/models/{part}:ro" in argv
+    assert f"MODEL=/models/{names[0]}" in argv
+
+
 # --- shell -----------------------------------------------------------------------------------------
 
 
@@ -348,3 +362,26 @@ def test_ctrl_bracket_stops_the_latest_qemu_not_an_earlier_boot_s_pid() -> None:
         for p in (first, latest):
             p.kill()
             p.wait()
+
+
+def test_a_split_model_reaches_the_guest_part_by_part_under_its_own_names(empty_cache: Path, tmp_path: Path) -> None:
+    from provision.hosts.linux import disks
+    from provision.hosts.linux import serve as linux_serve
+
+    names = [f"big-Q4_K_M-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
+    for k, name in enumerate(names):
+        (tmp_path / name).write_bytes(b"GGUF" + bytes([k]) * 100)
+    stack = catalog.load().get("llama-linux")
+    req = serving.ServeRequest(stack, tmp_path / names[0], "big-Q4_K_M", False, name="t")
+    run = linux_serve.run_request(req)  # what the guest run is asked for
+    seen = {"model_path": run.model_path, "model_name": run.model_name, "model_extras": dict(run.model_extras)}
+    assert seen["model_name"] == names[0] and sorted(seen["model_extras"]) == names[1:]
+    disk = disks.model_disk(seen["model_path"], seen["model_name"], seen["model_extras"])
+    listing = subprocess.run(["debugfs", "-R", "ls -p /", str(disk)], capture_output=True, text=True, check=True)
+    assert all(f"/{name}/" in listing.stdout for name in names), listing.stdout
+    # one file keeps the alias, as before
+    single = serving.ServeRequest(stack, tmp_path / "x.gguf", "tiny", False, name="t")
+    assert serving.guest_files(single) == ("tiny.gguf", {})
+    (tmp_path / names[2]).unlink()
+    with pytest.raises(InvalidValue, match="is missing"):
+        serving.check_parts(tmp_path / names[0])

@@ -9,7 +9,7 @@ the machine and the tool versions, then executes it: podman steps with the plan'
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from provision.adapters import lsof, podman_machine, runner
@@ -170,6 +170,7 @@ class DarwinBackend:
         interactive: bool = False,
         model_name: str | None = None,
         machine: str = podman_machine.DEFAULT_MACHINE,
+        model_extras: Mapping[str, Path] | None = None,
     ) -> list[str]:
         """`podman run` for run, serve (a published port) and shell (``-it``), after the run's checks."""
         chosen = self.checked_route(stack, gpu, route, machine)
@@ -185,6 +186,7 @@ class DarwinBackend:
             publish=publish,
             interactive=interactive,
             model_name=model_name,
+            model_extras=model_extras,
         )
         return list(plan.argv)
 

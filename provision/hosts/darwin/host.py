@@ -62,14 +62,16 @@ class DarwinHost:
         from provision.hosts.darwin.runplan import Publish
         from provision.serve import engine as serving
 
+        model_name, beside = serving.guest_files(req)  # a split model's parts under their own names
         return DarwinBackend().guest_argv(
             req.stack,
             req.gpu,
             req.model_path,
-            serving.server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel),
+            req.command(),
             req.route,
             publish=Publish(req.host, req.port, serving.GUEST_PORT),
-            model_name=f"{req.model}.gguf",
+            model_name=model_name,
+            model_extras=beside,
         )
 
     def _shell_argv(self, req: RunRequest) -> list[str]:

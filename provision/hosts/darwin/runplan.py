@@ -11,7 +11,7 @@ otherwise the guest must use the Venus capset that the host reroutes to APIR.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,7 @@ def plan_run(
     publish: Publish | None = None,
     interactive: bool = False,
     model_name: str | None = None,
+    model_extras: Mapping[str, Path] | None = None,
 ) -> RunPlan:
     catalog.check_gpu(stack, gpu)
     chosen = catalog.check_route(stack, route)
@@ -121,6 +122,8 @@ def plan_run(
         # cannot label files there (relabeling fails), so the container could not read it.
         argv += ["--security-opt=label=disable"]
         argv += ["-v", f"{model_path}:{model_in_guest}:ro"]
+        for name, path in (model_extras or {}).items():  # a split model's other parts, beside part 1
+            argv += ["-v", f"{path}:{MODEL_DIR}/{name}:ro"]
     env = guest_env(stack, chosen, compat) if gpu else dict(stack.guest_env)
     env.setdefault("XDG_CACHE_HOME", CACHE_HOME)
     if model_in_guest:

@@ -15,17 +15,19 @@ from provision.core.errors import ProvisionError, VmFailed
 from provision.hosts import Forward, RunIO, RunRequest
 from provision.hosts.linux.shell import terminate
 from provision.hosts.requests import LONGEST_RUN_S
-from provision.serve.engine import GUEST_PORT, ServeRequest, server_command
+from provision.serve.engine import GUEST_PORT, ServeRequest, guest_files
 
 
 def run_request(req: ServeRequest) -> RunRequest:
     """The guest run that serves ``req``: llama-server, the one published port, a bounded slot wait."""
+    model_name, beside = guest_files(req)  # a split model's parts under their own names
     return RunRequest(
         req.stack,
         req.gpu,
-        tuple(server_command(req.stack, req.gpu, req.model, req.ctx, req.parallel)),
+        tuple(req.command()),
         model_path=req.model_path,
-        model_name=req.model,
+        model_name=model_name,
+        model_extras=tuple(sorted(beside.items())),
         route=req.route,
         timeout_s=LONGEST_RUN_S,  # a run's deadline is also a serve's: it ends after 30 days at the latest
         forward=Forward(req.host, req.port, GUEST_PORT),

@@ -1,0 +1,34 @@
+"""The model `provision serve` serves, beyond its file: an ollama model's template and params.
+
+Shared by serve and `serve --generate` (provision.serve.model_defaults converts them; the store says
+which model a served file is).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from provision.serve.engine import ServerOptions
+    from provision.serve.model_defaults import ModelDefaults
+
+
+def model_defaults(ref: str, path: Path) -> ModelDefaults:
+    """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
+    from provision.models.store import Store
+    from provision.serve import model_defaults as defaults
+
+    if Path(ref).expanduser().is_file():
+        return defaults.ModelDefaults()
+    return defaults.for_model(Store(out=sys.stderr), ref, path)
+
+
+def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:
+    from provision.core.log import say
+
+    for note in found.notes:
+        say("serve")(f"provision: model: {note}")
+    return replace(options, chat_template=found.chat_template, model_args=found.args)
