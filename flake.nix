@@ -42,7 +42,8 @@
             default = pkgs.krun;
           };
           darwinOnly = {
-            inherit (pkgs) virglrenderer-venus moltenvk krun-apir;
+            inherit (pkgs) virglrenderer-venus krun-apir;
+            moltenvk = pkgs.krun-moltenvk;
             krunkit = pkgs.krunkit-gpu;
             # the APIR route's own libkrun/krunkit pair (virglrenderer-apir); .#krun is Venus
             libkrun-apir = pkgs.libkrun-gpu-apir;

@@ -23,6 +23,7 @@ EVAL_EXPR = """ps: {
   vVersion = ps.virglrenderer-venus.version;
   vSrc = ps.virglrenderer-venus.src.url or "";
   vHash = ps.virglrenderer-venus.src.outputHash or "";
+  mVersion = ps.moltenvk.version;
   vFlags = ps.virglrenderer-venus.drvAttrs.mesonFlags;
   vInputs = map (d: d.pname or d.name) ps.virglrenderer-venus.buildInputs;
   kVersion = ps.libkrun.version;
@@ -35,22 +36,36 @@ ROWS = [
     (
         "virglrenderer tree",
         "virglrenderer_version",
-        "0.10.4e is what the tap ships; its GitLab archive is out of reach here, so its Nix hash cannot be "
-        "computed: we pin the 0.10.4d archive whose hash nixpkgs records (sources.virglrenderer-venus)",
+        "the tree the tap and seed 002 ship; nixpkgs still pins 0.10.4d. Its hash is READ from the tap's "
+        "formula (two public copies agree), not recomputed: GitLab is out of reach here",
     ),
-    ("virglrenderer source", "virglrenderer_source", "same archive and hash as nixpkgs"),
+    (
+        "virglrenderer source",
+        "virglrenderer_source",
+        "the tap's archive and sha256, written in SRI form for fetchurl (pins.json keeps both spellings and "
+        "checks they agree)",
+    ),
     (
         "meson flags",
         "virglrenderer_meson_flags",
         "none: drm is off in all three (the tap leaves the feature on auto, and macOS has no libdrm)",
     ),
     ("virglrenderer inputs", "virglrenderer_inputs", "none (MoltenVK linked, Vulkan headers from nixpkgs)"),
-    ("MoltenVK", "moltenvk", "none: nixpkgs' package unchanged"),
+    (
+        "MoltenVK",
+        "moltenvk",
+        "seed 002 runs 1.4.2; ours is nixpkgs' package at the locked nixpkgs (cbb5cf35, 2026-06-06), older "
+        "than MoltenVK v1.4.2 (2026-07-23). Moving needs a newer nixpkgs lock whose narHash a public file "
+        "gives; until then the pin stays with the lock, and evaluation refuses a nixpkgs whose moltenvk "
+        "differs from it",
+    ),
     (
         "libkrun",
         "libkrun_version",
         "krunkit 1.3.x calls krun_add_virtiofs4 (libkrun >= 1.19.3) and cannot load libkrun 2.0 "
-        "(compat.krunkit_libkrun)",
+        "(compat.krunkit_libkrun). Seed 002 and the tap's current formula ship 1.19.6; a formula gives its "
+        "tarball sha256 (7025d722...), but a Nix build also needs the cargo vendor hash, which no public "
+        "recipe gives for 1.19.6 and which cannot be computed here (no crate registry), so 1.19.3 stays",
     ),
     (
         "libkrun make flags",
@@ -72,6 +87,13 @@ ROWS = [
 ]
 
 
+def archive_kind(url: str) -> str:
+    for suffix in (".tar.gz", ".tar.bz2", ".tar.xz", ".zip"):
+        if url.endswith(suffix):
+            return suffix
+    raise SystemExit(f"nix-side-by-side: no archive suffix in virglrenderer-venus's url {url!r}")
+
+
 def ours(values: dict[str, Any]) -> dict[str, Any]:
     init = "static musl init.c dhcp.c via KRUN_INIT_BINARY_PATH, Makefile sysroot step patched out"
     install = "libkrun: make install, fixDarwinDylibNames; krunkit: " + (
@@ -81,10 +103,11 @@ def ours(values: dict[str, Any]) -> dict[str, Any]:
     )
     return {
         "virglrenderer_version": values["vVersion"],
-        "virglrenderer_source": f"fetchurl slp/virglrenderer GitLab archive .tar.bz2, {values['vHash']}",
+        "virglrenderer_source": f"fetchurl slp/virglrenderer GitLab archive {archive_kind(values['vSrc'])}, "
+        f"{values['vHash']}",
         "virglrenderer_meson_flags": values["vFlags"],
         "virglrenderer_inputs": values["vInputs"],
-        "moltenvk": "nixpkgs moltenvk",
+        "moltenvk": f"nixpkgs moltenvk {values['mVersion']} (sources.moltenvk, checked at evaluation)",
         "libkrun_version": values["kVersion"],
         "libkrun_make_flags": values["kFlags"],
         "guest_init": init,

@@ -16,11 +16,18 @@ in
   krun-gpu-lib = krunLib;
   krun-gpu-pins = pins;
 
-  virglrenderer-venus = call ./pkgs/virglrenderer-venus.nix { pin = pins.source "virglrenderer-venus"; };
+  # nixpkgs' MoltenVK, refused at evaluation unless its version is sources.moltenvk's.
+  krun-moltenvk = krunLib.pins.sameVersion "moltenvk" (pins.source "moltenvk") prev.moltenvk;
+
+  virglrenderer-venus = call ./pkgs/virglrenderer-venus.nix {
+    pin = pins.source "virglrenderer-venus";
+    moltenvk = final.krun-moltenvk;
+  };
 
   virglrenderer-apir = call ./pkgs/virglrenderer-apir.nix {
     pinName = apirPinName;
     pin = pins.source apirPinName;
+    moltenvk = final.krun-moltenvk;
   };
 
   # macOS Venus (the default route) links slp's krunkit virglrenderer, the tree and flags the libkrun

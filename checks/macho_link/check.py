@@ -1,16 +1,19 @@
-"""Build one darwin tree's library target for aarch64-macos and judge it: linked with undefined
-symbols an error (meson's b_lundef passes -Wl,--no-undefined, which zig's linker honours), a real
-arm64 Mach-O dylib, exporting every virgl function libkrun calls on macOS, and a header whose blob
-handle types are the ones libkrun's macOS code maps."""
+"""Build one darwin tree for aarch64-macos as Nix builds it (the recipe's meson flags and postPatch;
+nixpkgs' meson options: buildtype plain, which with the trees' b_ndebug=if-release still defines
+NDEBUG, and auto_features enabled; every default target) and judge it: each default target built as
+a real arm64 Mach-O (ninja -k 0, so one failure hides no other), and the library linked with
+undefined symbols an error (b_lundef), exporting every virgl function libkrun calls on macOS, with a
+header whose blob handle types are the ones libkrun's macOS code maps."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
 
-from . import macho, toolchain, trees
+from . import macho, targets, toolchain, trees
 
 UNDEFINED = re.compile(r"error: undefined symbol: (\S+)")
 RUST_CONST = re.compile(r"pub const (VIRGL_RENDERER_BLOB_FD_TYPE_\w+): u32 = (\d+);")
@@ -61,50 +64,68 @@ def judge(result: dict[str, Any], dylib: Path, header: Path, calls: list[str], t
 
 def check(name: str, upstream: Path, work: Path, log: Path) -> dict[str, Any]:
     tree_spec = trees.DARWIN_TREES[name]
-    pin = trees.pin_of(name)
+    pin = trees.pin_of(tree_spec.pin)
     result: dict[str, Any] = {
         "tree": name,
         "rev": pin["rev"],
         "meson_flags": list(tree_spec.meson_flags),
+        "meson_options": list(trees.NIX_MESON_OPTIONS),
         "problems": [],
         "undefined": [],
+        "failed_targets": [],
     }
     src = trees.unpack(upstream / pin["upstream_tarball"], work / "src", pin["hash"])
-    result["patches"] = trees.apply_patches(src, pin.get("patches", []), log)
+    result["patches"] = trees.apply_patches(src, tree_spec.patch_list(pin), log)
+    if tree_spec.moltenvk_rule:
+        result["moltenvk_path"] = trees.moltenvk_standin()
+        trees.substitute(src, tree_spec.moltenvk_rule, result["moltenvk_path"], log)
     tools = toolchain.wrappers(work / "bin")
     prefix = work / "deps"
     toolchain.epoxy_standin(prefix, tools, log)
+    toolchain.sdk_header_gaps(prefix / "include")
     cross = toolchain.cross_file(work, tools, prefix)
     build = work / "build"
-    meson = [toolchain.meson()]
     rc = toolchain.run(
         [
-            *meson,
+            toolchain.meson(),
             "setup",
             str(build),
             str(src),
             "--cross-file",
             str(cross),
-            "--buildtype=release",
-            "-Db_lundef=true",
+            *trees.NIX_MESON_OPTIONS,
             *tree_spec.meson_flags,
         ],
+        cwd=work,  # meson's linker probe (`zig cc -Wl,--version`) leaves an a.o in its cwd
         log=log,
     )
     if rc != 0:
         result["problems"].append(f"meson setup failed (rc {rc})")
         return result
-    rc = toolchain.run(["ninja", "-C", str(build), tree_spec.target], log=log)
-    result["link_rc"] = rc
-    result["undefined"] = sorted({macho.c_name(s) for s in UNDEFINED.findall(log.read_text("utf-8", "replace"))})
-    if rc != 0:
+    defaults = targets.default_targets(build)
+    # What the compiler is told, not what the buildtype suggests: the tree's b_ndebug=if-release
+    # with buildtype plain defines NDEBUG in meson (release and plain alike), as in the Nix build.
+    result["ndebug"] = targets.defines_ndebug(build, tree_spec.library)
+    start = log.stat().st_size
+    # -k 0: keep going past failures, so every target's own errors are in the log
+    result["build_rc"] = toolchain.run(["ninja", "-C", str(build), "-k", "0", f"-j{os.cpu_count() or 1}"], log=log)
+    ninja_log = log.read_text("utf-8", "replace")[start:]
+    result["targets"] = targets.judge(build, defaults, ninja_log)
+    result["failed_targets"] = sorted(t for t, r in result["targets"].items() if not r["built"])
+    if result["build_rc"] != 0 and not result["failed_targets"]:
+        result["problems"].append(f"ninja failed (rc {result['build_rc']}) but no default target is missing")
+    if tree_spec.library not in result["targets"]:
+        result["problems"].append(f"{tree_spec.library} is not a default target of this tree")
+    library = result["targets"].get(tree_spec.library, {"built": False, "errors": []})
+    result["link_rc"] = 0 if library["built"] else 1
+    result["undefined"] = sorted({macho.c_name(s) for s in UNDEFINED.findall(ninja_log)})
+    if not library["built"]:
         result["problems"].append(
-            f"ninja {tree_spec.target} failed (rc {rc})"
-            + (f": undefined {result['undefined']}" if result["undefined"] else "")
+            f"{tree_spec.library} failed" + (f": undefined {result['undefined']}" if result["undefined"] else "")
         )
     judge(
         result,
-        build / tree_spec.target,
+        build / tree_spec.library,
         src / tree_spec.header,
         libkrun_macos_calls(),
         libkrun_handle_types(upstream, work),
@@ -113,7 +134,12 @@ def check(name: str, upstream: Path, work: Path, log: Path) -> dict[str, Any]:
 
 
 def cached_check(name: str, upstream: Path, cache: Path, fresh: bool = False) -> dict[str, Any]:
-    """The result for `name`, from cache/<key>.json when the pins, patches, flags and zig are unchanged."""
+    """The result for `name`, from cache/<pin>-<key>.json when every input of the build is unchanged
+    (trees.cache_key); two names with the same inputs share one build, each named in its result."""
     tree_spec = trees.DARWIN_TREES[name]
-    key = trees.cache_key(tree_spec, trees.pin_of(name), toolchain.inputs_key())
-    return trees.cached_result(cache, f"{name}-{key}", fresh, lambda work, log: check(name, upstream, work, log))
+    key = trees.cache_key(tree_spec, trees.pin_of(tree_spec.pin), toolchain.inputs_key())
+    result = trees.cached_result(
+        cache, f"{tree_spec.pin}-{key}", fresh, lambda work, log: check(name, upstream, work, log)
+    )
+    result["tree"] = name
+    return result

@@ -110,6 +110,22 @@ endian = 'little'
     return path
 
 
+# Headers Apple's SDK has and zig's macOS libc headers lack. Each stand-in declares nothing, so a
+# tree that uses what the real header defines still fails to compile (a gap is never a pass).
+SDK_HEADER_GAPS = {
+    # The SDK's defines only the SYS_* numbers (syscall() itself is in unistd.h); vtest_shm.c
+    # includes it and tests only Linux's __NR_memfd_create.
+    "sys/syscall.h": "/* stand-in for the macOS SDK's <sys/syscall.h>, absent from zig's headers */\n",
+}
+
+
+def sdk_header_gaps(include: Path) -> None:
+    for rel, text in SDK_HEADER_GAPS.items():
+        path = include / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
 def debian_exports(library: Path) -> tuple[list[str], list[str]]:
     """(functions, data symbols) a Debian shared library defines."""
     if not library.exists():

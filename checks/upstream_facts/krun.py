@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
-from .trees import Tree
+from .trees import FactsError, Tree
 
 OSES = ("linux", "macos")
 
@@ -70,8 +71,30 @@ def section_applies(section: str, os: str) -> bool:
     return m is None or eval_cfg(parse_cfg(m.group(1)), os, set())
 
 
-def rust_calls(tree: Tree, file: str) -> list[dict[str, Any]]:
-    """virgl_renderer_* calls with the cfg predicates around them (attribute scope by bracket depth)."""
+BINDINGS_DIR = "src/rutabaga_gfx/src/generated"
+FFI_FN = re.compile(r"\bpub fn (virgl_\w+)\s*\(")
+
+
+def virgl_ffi_names(tree: Tree) -> list[str]:
+    """The virglrenderer functions rutabaga declares in its generated bindings (virgl_renderer_*
+    and virgl_set_debug_callback alike): the names a call in its code can link to."""
+    names = {
+        n
+        for f in tree.files(BINDINGS_DIR)
+        if Path(f).name.startswith("virgl_") and f.endswith(".rs")
+        for n in FFI_FN.findall(tree.show(f) or "")
+    }
+    if not names:
+        raise FactsError(
+            f"{tree.name}: no virgl function declared under {BINDINGS_DIR}\nfix: the reading is stale; update"
+            " checks/upstream_facts/krun.py"
+        )
+    return sorted(names)
+
+
+def rust_calls(tree: Tree, file: str, names: list[str]) -> list[dict[str, Any]]:
+    """Calls of `names` with the cfg predicates around them (attribute scope by bracket depth)."""
+    call = re.compile(r"(?<!fn )\b(" + "|".join(map(re.escape, names)) + r")\s*\(")
     calls: list[dict[str, Any]] = []
     guards: list[tuple[Any, int]] = []
     pending: list[Any] = []
@@ -90,7 +113,7 @@ def rust_calls(tree: Tree, file: str) -> list[dict[str, Any]]:
         if not s or s.startswith("#["):
             continue
         active = [g for g, _ in guards] + pending
-        for m in re.finditer(r"(?<!fn )\b(virgl_renderer_\w+)\s*\(", code):
+        for m in call.finditer(code):
             calls.append(tree.where(file, n, name=m.group(1), cfg=file_guard + active))
         start = depth
         depth += sum(code.count(c) for c in "({[") - sum(code.count(c) for c in ")}]")
@@ -104,10 +127,11 @@ def rust_calls(tree: Tree, file: str) -> list[dict[str, Any]]:
 
 def libkrun_facts(tree: Tree, info: dict[str, Any]) -> dict[str, Any]:
     features = cargo_features(tree)
+    names = virgl_ffi_names(tree)
     calls = []
     for file in tree.files("src"):
         if file.endswith(".rs") and "/generated/" not in file:
-            calls += rust_calls(tree, file)
+            calls += rust_calls(tree, file, names)
     per_os = {}
     for os in OSES:
         on = {f for entry in features if section_applies(entry["section"], os) for f in entry["features"]}

@@ -19,7 +19,7 @@ __all__ = ["ProvisionError", "open_archive"]
 
 # Trees whose pin is out of reach here, read at the nearest release ../shared/upstream holds. The pins
 # name releases nobody here can hash (libkrun v1.19.3, krunkit v1.3.2) or a GitLab archive
-# (0.10.4d-krunkit), so the tree read is named here: tarball, commit, NAR hash of the unpacked folder
+# (the 0.10.4e-krunkit tag), so the tree read is named here: tarball, commit, NAR hash of the unpacked folder
 # (../shared/upstream/README.md; each re-hashed with `nix hash path --sri`).
 # A pin whose own tree is out of reach names the nearest tree of ../shared/upstream in its
 # `standin_tarball` (provision/data/pins.json): file, rev and NAR hash, written there once.

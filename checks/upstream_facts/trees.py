@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-# The pin of slp's fork is a GitLab archive of tag 0.10.4d-krunkit; its GitHub copy has the branch.
+# The pin of slp's fork is a GitLab archive of a krunkit tag (sources.virglrenderer-venus); its GitHub
+# copy has only the venus-macos branch.
 VENUS_REPO = "slp/virglrenderer"
 
 

@@ -97,12 +97,13 @@ def meson_structure(tree: Tree, file: str) -> dict[str, list[dict[str, Any]]]:
     return {"dependencies": deps, "assignments": assigns, "source_lists": sources}
 
 
-EXPORT = re.compile(r"VIRGL_EXPORT\b[^;(]*?\b(virgl_renderer_\w+)\s*\(", re.S)
-DEFINITION = re.compile(r"^(?!static\b)(?:[A-Za-z_][\w \t*]*\n?)?(virgl_renderer_\w+)\s*\(([^;{]*)\)\s*\{", re.M)
+# virgl_*: the header exports virgl_set_debug_callback too, which libkrun calls.
+EXPORT = re.compile(r"VIRGL_EXPORT\b[^;(]*?\b(virgl_\w+)\s*\(", re.S)
+DEFINITION = re.compile(r"^(?!static\b)(?:[A-Za-z_][\w \t*]*\n?)?(virgl_\w+)\s*\(([^;{]*)\)\s*\{", re.M)
 
 
 def exported_definitions(header: str, sources: dict[str, str]) -> dict[str, tuple[str, int]]:
-    """virgl_renderer_* functions that the .c files define and virglrenderer.h exports (the library
+    """virgl_* functions that the .c files define and virglrenderer.h exports (the library
     is built with -fvisibility=hidden, so only VIRGL_EXPORT ones can be linked against)."""
     exported = set(EXPORT.findall(header))
     found: dict[str, tuple[str, int]] = {}

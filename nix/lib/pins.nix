@@ -62,6 +62,16 @@ in
       nixpkgs = check file "nixpkgs" data.nixpkgs;
     };
 
+  # nixpkgs' own package where a pin records the version the bundle was checked against
+  # (sources.moltenvk): the package when its version is the pin's, else an evaluation error that
+  # names both, so a nixpkgs with another version is never taken silently.
+  sameVersion =
+    name: pin: pkg:
+    if pkg.version == pin.version then
+      pkg
+    else
+      throw "krun-gpu: nixpkgs' ${name} is ${pkg.version}, but sources.${name} in provision/data/pins.json is ${pin.version}, the version the bundle was checked against. Fix: lock a nixpkgs whose ${name} is ${pin.version} (flake.lock and pins.json nixpkgs), or move sources.${name} (version, tag, rev, hash) to ${pkg.version} from a public recipe";
+
   # The `src` of a pin, using the fetchers of the package set that builds it.
   fetch =
     fetchers: name: pin:

@@ -291,6 +291,14 @@ lib.runTests {
     expr = pins.nixpkgs.rev;
     expected = "r";
   };
+  testNixpkgsPackageOfThePinnedVersionIsTaken = {
+    expr = (k.pins.sameVersion "moltenvk" { version = "1.4.1"; } { version = "1.4.1"; }).version;
+    expected = "1.4.1";
+  };
+  testNixpkgsPackageOfAnotherVersionIsRefused = {
+    expr = failsWith (k.pins.sameVersion "moltenvk" { version = "1.4.1"; } { version = "1.4.2"; }).version;
+    expected = true;
+  };
 
   # krunkit <-> libkrun pairing
   testKrunkitLibkrunPairs = {

@@ -76,6 +76,13 @@ stdenv.mkDerivation (finalAttrs: {
     // lib.optionalAttrs isDarwin { vulkanDload = true; }
   );
 
+  # nixpkgs' meson hook defaults, stated here because checks/macho-link cross-builds with exactly
+  # these (tests/nix compares): plain (with the tree's b_ndebug=if-release meson still defines
+  # NDEBUG, as for release); every auto feature on; no downloads.
+  mesonBuildType = "plain";
+  mesonAutoFeatures = "enabled";
+  mesonWrapMode = "nodownload";
+
   separateDebugInfo = true;
 
   passthru = {

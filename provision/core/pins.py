@@ -6,6 +6,7 @@ spells a version or hash. Loading validates shapes so a typo fails here, naming 
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from dataclasses import dataclass, field
@@ -142,6 +143,10 @@ def parse(data: Any, path: Path) -> Pins:
                 entry["sha256"],
                 "not 64 lowercase hex digits",
             )
+            # a recipe's hex sha256 and the SRI hash Nix fetches with are one fact in two spellings
+            if _SRI.match(str(entry.get("hash", ""))) and _SHA256_HEX.match(str(entry["sha256"])):
+                sri = "sha256-" + base64.b64encode(bytes.fromhex(entry["sha256"])).decode()
+                _check(entry["hash"] == sri, path, f"{key}.hash", entry["hash"], f"is not sha256 in SRI form ({sri})")
         if "rev" in entry:
             _check(bool(_REV.match(str(entry["rev"]))), path, f"{key}.rev", entry["rev"], "not a 40-digit commit id")
         if "url" in entry:

@@ -1,4 +1,5 @@
 
+import base64
 import hashlib
 import json
 import re
@@ -66,6 +67,17 @@ def test_bad_hash_is_rejected_naming_file_key_and_value(tmp_path):
     assert str(path) in exc.value.message
     assert "sources.moltenvk.hash" in exc.value.message
     assert "sha256-short" in exc.value.message
+
+
+def test_a_hex_sha256_and_its_sri_hash_must_be_the_same_digest(tmp_path):
+    # the Venus tree's hash is the tap formula's hex sha256, written as fetchurl's SRI hash
+    venus = pins.load(pins.default_path()).raw["sources"]["virglrenderer-venus"]
+    assert venus["hash"] == "sha256-" + base64.b64encode(bytes.fromhex(venus["sha256"])).decode()
+    path = pins_file_with(tmp_path, lambda d: d["sources"]["virglrenderer-venus"].__setitem__("sha256", "0" * 64))
+    with pytest.raises(errors.InvalidValue) as exc:
+        pins.load(path)
+    assert "sources.virglrenderer-venus.hash" in exc.value.message and "not sha256 in SRI form" in exc.value.message
+    assert exc.value.fix
 
 
 def test_unverified_pin_refuses_the_component_that_needs_it(tmp_path):

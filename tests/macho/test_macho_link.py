@@ -1,8 +1,11 @@
 """checks/macho-link: the darwin virglrenderer trees cross-built for aarch64-macos with zig.
 
 Fast tests drive the pieces against real input (zig's own link of a small library, the pinned
-tarballs, our darwin patch series); the `slow` ones build the pinned trees' library target: ours
-must link and export what libkrun calls on macOS, CamouflageNetworks 8c349fc0 as pinned must not."""
+tarballs, our darwin patch series); the `slow` ones build every default target of the pinned trees
+as Nix does (buildtype plain, auto_features enabled, the MoltenVK postPatch): our library must link
+and export what libkrun calls on macOS, CamouflageNetworks 8c349fc0 as pinned must not; the tree
+before the in-process series fails on the render server, and the series as pins.json lists it must
+build every default target."""
 
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ import io
 import subprocess
 import sys
 import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,6 +174,77 @@ def test_each_darwin_patch_applies_to_the_pinned_apir_tree(tmp_path: Path) -> No
         trees.apply_patches(src, pin["patches"][:1], log)
 
 
+def test_ninja_failures_are_attributed_to_their_targets() -> None:
+    from macho_link import targets
+
+    defaults = {
+        "server/virgl_render_server": {"name": "virgl_render_server", "type": "executable",
+                                       "files": ["server/virgl_render_server"]},
+        "src/libvirglrenderer.1.dylib": {"name": "virglrenderer", "type": "shared library",
+                                         "files": ["src/libvirglrenderer.1.dylib"]},
+    }  # fmt: skip
+    log = (
+        "[1/9] Compiling C object src/libvirglrenderer.1.dylib.p/virglrenderer.c.o\n"
+        "FAILED: [code=1] server/virgl_render_server.p/render_socket.c.o\n"
+        "zig-cc -c ../server/render_socket.c\n"
+        "../server/render_socket.c:31:51: error: use of undeclared identifier 'SOCK_CLOEXEC'\n"
+        "1 error generated.\n"
+        "[2/9] Linking target src/libvirglrenderer.1.dylib\n"
+        "FAILED: src/libvirglrenderer.1.dylib\n"
+        "error: undefined symbol: _egg_x\n"
+        "ninja: build stopped: cannot make progress due to previous errors.\n"
+    )
+    found = targets.failures(log)
+    assert [outs for outs, _ in found] == [
+        ["server/virgl_render_server.p/render_socket.c.o"],
+        ["src/libvirglrenderer.1.dylib"],
+    ]
+    assert targets.owner(found[0][0][0], defaults) == "server/virgl_render_server"
+    assert targets.owner(found[1][0][0], defaults) == "src/libvirglrenderer.1.dylib"
+    assert targets.owner("src/mesa/libmesa.a.p/x.c.o", defaults) is None
+    assert found[0][1] == ["../server/render_socket.c:31:51: error: use of undeclared identifier 'SOCK_CLOEXEC'"]
+
+
+def test_an_empty_or_foreign_file_is_not_a_built_target(tmp_path: Path) -> None:
+    from macho_link import targets
+
+    rc, dylib = zig_link(tmp_path, "int f(void);\nint f(void) { return 0; }\n")
+    assert rc == 0
+    assert targets.file_problem(dylib, "shared library") is None
+    assert "not an arm64 executable" in (targets.file_problem(dylib, "executable") or "")
+    (tmp_path / "empty").write_bytes(b"")
+    assert "not a Mach-O" in (targets.file_problem(tmp_path / "empty", "executable") or "")
+    (tmp_path / "lib.a").write_bytes(b"")
+    assert targets.file_problem(tmp_path / "lib.a", "static library") == "lib.a: not an ar archive"
+
+
+def test_the_moltenvk_rule_fails_as_replace_fail_does(tmp_path: Path) -> None:
+    pin = trees.pin_of("virglrenderer-apir-macos")
+    src = trees.unpack(tarball("virglrenderer-apir-macos"), tmp_path, pin["hash"])
+    log = tmp_path / "log"
+    with pytest.raises(trees.TreeError, match="no \"libMoltenVK.dylib\" to replace"):
+        trees.substitute(src, trees.MOLTENVK_RULE, trees.moltenvk_standin(), log)  # unpatched: 0003 adds it
+    trees.apply_patches(src, pin["patches"], log)
+    trees.substitute(src, trees.MOLTENVK_RULE, trees.moltenvk_standin(), log)
+    library = (src / trees.MOLTENVK_RULE[0]).read_text()
+    assert f'"{trees.moltenvk_standin()}"' in library and '"libMoltenVK.dylib"' not in library
+
+
+def test_the_cache_key_follows_every_input() -> None:
+    ours = trees.DARWIN_TREES["virglrenderer-apir-macos"]
+    pin = trees.pin_of(ours.pin)
+    key = trees.cache_key(ours, pin, "zig")
+    assert key == trees.cache_key(ours, pin, "zig")
+    assert key != trees.cache_key(ours, pin, "another zig")
+    assert key != trees.cache_key(ours, {**pin, "hash": "sha256-x"}, "zig")
+    assert key != trees.cache_key(replace(ours, meson_flags=ours.meson_flags[:-1]), pin, "zig")
+    assert key != trees.cache_key(replace(ours, moltenvk_rule=None), pin, "zig")
+    assert key != trees.cache_key(replace(ours, patches=tuple(pin["patches"][:1])), pin, "zig")
+    # the same patches by another name are one build
+    same = replace(ours, patches=tuple(pin["patches"]))
+    assert trees.cache_key(same, pin, "zig") == key
+
+
 # --- the real cross-builds (a few minutes each; cached under the provision cache by pin) -------
 
 
@@ -188,6 +263,45 @@ def test_our_darwin_apir_tree_links_as_mach_o_with_libkrun_macos_abi() -> None:
     assert result["handle_types"]["VIRGL_RENDERER_BLOB_FD_TYPE_APPLE"] == 4
     assert "virgl_renderer_resource_get_map_ptr" in check.libkrun_macos_calls()
     assert result["exported_count"] >= len(check.libkrun_macos_calls())
+
+
+def nix_options_ran(result: dict) -> None:
+    """The build was configured as Nix configures it and built more than the library."""
+    assert result["meson_options"] == list(trees.NIX_MESON_OPTIONS)
+    log = Path(result["log"]).read_text("utf-8", "replace")
+    assert "--buildtype=plain" in log and "-Dauto_features=enabled" in log
+    # the trees default b_ndebug=if-release, and meson treats plain as release there: the Nix build
+    # compiles assert() out, so the check must too
+    assert result["ndebug"] is True
+    assert len(result["targets"]) >= 5 and "src/libvirglrenderer.1.dylib" in result["targets"]
+
+
+@pytest.mark.slow
+def test_the_darwin_tree_before_the_in_process_series_fails_on_the_render_server() -> None:
+    """MR 1590 forces the render server on with Venus or APIR (meson.build:343) and installs it
+    (server/meson.build:27-33): as Nix builds every default target, that server is built, and it
+    uses Linux-only socket flags and signalfd. The library itself links."""
+    result = check.cached_check("virglrenderer-apir-macos-0001-0003", UPSTREAM, cache())
+    nix_options_ran(result)
+    assert result["patches"] == list(trees.SERIES_BEFORE_IN_PROCESS)
+    assert result["failed_targets"] == ["server/virgl_render_server"], result["failed_targets"]
+    errors = "\n".join(result["targets"]["server/virgl_render_server"]["errors"])
+    for missing in ("'SOCK_CLOEXEC'", "'MSG_CMSG_CLOEXEC'", "'sys/signalfd.h' file not found"):
+        assert missing in errors, errors
+    assert result["targets"]["src/libvirglrenderer.1.dylib"]["built"]
+    assert result["problems"] == [], result["problems"]
+
+
+@pytest.mark.slow
+def test_every_default_target_of_our_darwin_tree_builds_with_the_nix_options() -> None:
+    """The series pins.json lists (in-process contexts, no render server on darwin) builds every
+    default target as Nix does; until that series is there, this fails on the render server."""
+    result = check.cached_check("virglrenderer-apir-macos", UPSTREAM, cache())
+    nix_options_ran(result)
+    assert result["patches"] == trees.pin_of("virglrenderer-apir-macos")["patches"]
+    failed = {t: result["targets"][t]["errors"][:3] for t in result["failed_targets"]}
+    assert failed == {}, failed
+    assert result["build_rc"] == 0
 
 
 @pytest.mark.slow

@@ -79,7 +79,7 @@ def test_facts_are_sorted_have_provenance_and_name_no_local_path() -> None:
     for name in ("virglrenderer-apir", "virglrenderer-apir-darwin"):
         tree = data["virglrenderer"][name]
         assert tree["read_rev"] == pins.source(name)["rev"] and tree["pin_in_clone"] is True
-    # slp's GitHub copy has no 0.10.4d-krunkit tag (the pin is a GitLab archive): read elsewhere, said so
+    # slp's GitHub copy has no krunkit tag (the pin is a GitLab archive): read elsewhere, said so
     assert data["virglrenderer"]["virglrenderer-venus"]["pin_in_clone"] is False
     for name in ("libkrun", "krunkit"):  # the mirrors stop before the pinned tags: say so
         assert data[name]["pinned"] == pins.source(name)["tag"]
@@ -122,7 +122,7 @@ def test_every_meson_option_we_pass_exists_in_its_tree_with_a_valid_value(nix: N
         option_value(options[name], value)
 
 
-# Not virglrenderer-venus: its pin is a GitLab archive of tag 0.10.4d-krunkit, and the facts come
+# Not virglrenderer-venus: its pin is a GitLab archive of a krunkit tag, and the facts come
 # from the older venus-macos branch of slp's GitHub copy (pin_in_clone false), whose meson.build
 # still asks for dependency('vulkan'); nixpkgs builds the tagged tree with the same flags and inputs.
 @pytest.mark.parametrize(("system", "package"), [(DARWIN, "virglrenderer-apir"), (LINUX, "virglrenderer-apir")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import pytest
 from provision.core import pins as pins_mod
 
 from .nix_facts import store_basename
-from .nix_helpers import DARWIN, LINUX, REPO, Nix, copy_flake, require
+from .nix_helpers import DARWIN, LINUX, REPO, STUB, Nix, copy_flake, require
 
 FAKE_HASH = "sha256-AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
 SRI = re.compile(r"^sha256-[A-Za-z0-9+/]{43}=$")
@@ -122,8 +123,8 @@ def test_virglrenderer_meson_flags_per_platform(nix: Nix) -> None:
 
 
 def test_darwin_apir_virglrenderer_is_the_tree_checks_macho_link_links(nix: Nix, pins: pins_mod.Pins) -> None:
-    """The APIR variant's virglrenderer is built from the pin, patches and meson flags that
-    checks/macho-link cross-builds and checks as Mach-O (tests/macho)."""
+    """The APIR variant's virglrenderer is built from the pin, patches, meson flags, meson options and
+    MoltenVK substitution that checks/macho-link cross-builds and checks as Mach-O (tests/macho)."""
     import sys
 
     sys.path.insert(0, str(REPO / "checks"))
@@ -132,17 +133,58 @@ def test_darwin_apir_virglrenderer_is_the_tree_checks_macho_link_links(nix: Nix,
     attrs = nix.eval(
         f"packages.{DARWIN}.virglrenderer-apir",
         "p: { pin = p.pinName; flags = p.drvAttrs.mesonFlags; patches = p.drvAttrs.patches;"
-        " post = p.drvAttrs.postPatch; }",
+        " post = p.drvAttrs.postPatch; buildType = p.drvAttrs.mesonBuildType;"
+        " autoFeatures = p.drvAttrs.mesonAutoFeatures; wrapMode = p.drvAttrs.mesonWrapMode;"
+        " molten = p.moltenvkLibrary; }",
     )
     assert attrs["pin"] == "virglrenderer-apir-macos"
     spec = trees.DARWIN_TREES[attrs["pin"]]
     assert attrs["flags"] == list(spec.meson_flags)
     pin = pins.source(attrs["pin"])
     assert [store_basename(p) for p in attrs["patches"]] == [Path(p).name for p in pin.attrs["patches"]]
-    # the store MoltenVK replaces the name patch 0003 dlopens first
+    assert [store_basename(p) for p in attrs["patches"]] == [Path(p).name for p in spec.patch_list(pin.attrs)]
+    # nixpkgs' meson hook reads these three; the check passes the same, and b_lundef at meson's default
+    nix_options = (
+        f"--buildtype={attrs['buildType']}",
+        f"-Dauto_features={attrs['autoFeatures']}",
+        f"--wrap-mode={attrs['wrapMode']}",
+        "-Db_lundef=true",
+    )
+    assert nix_options == trees.NIX_MESON_OPTIONS
+    assert not any(f.startswith("-Db_lundef") for f in attrs["flags"])
+    # the store MoltenVK replaces the name patch 0003 dlopens first, as the check's rule does
+    assert spec.moltenvk_rule is not None
+    file, old = spec.moltenvk_rule
     assert "--replace-fail src/venus/vkr_library.c" not in attrs["post"]
-    assert "substituteInPlace src/venus/vkr_library.c --replace-fail '\"libMoltenVK.dylib\"'" in attrs["post"]
-    assert "/lib/libMoltenVK.dylib" in attrs["post"]
+    assert f"substituteInPlace {file} --replace-fail '{old}' '\"{attrs['molten']}\"'" in attrs["post"]
+    assert attrs["molten"].endswith(f"-moltenvk-{pins.source('moltenvk').attrs['version']}/lib/libMoltenVK.dylib")
+
+
+def test_moltenvk_of_another_version_than_the_pin_fails_evaluation(nix: Nix, tmp_path: Path) -> None:
+    """sources.moltenvk is the version the bundle was checked against: nixpkgs' moltenvk must be it."""
+    pinned = nix.eval(f"packages.{DARWIN}.moltenvk.version")
+    assert pinned == pins_mod.load().source("moltenvk").attrs["version"]
+    stub = tmp_path / "stub"
+    shutil.copytree(STUB, stub)
+    package = stub / "pkgs" / "moltenvk.nix"
+    text = package.read_text()
+    assert f'version = "{pinned}";' in text
+    package.write_text(text.replace(f'version = "{pinned}";', 'version = "1.4.2";'))
+    for attr in ("moltenvk.version", "krun.drvPath", "krun-apir.drvPath", "virglrenderer-venus.drvPath"):
+        proc = nix.run(
+            "eval", "--json", f"{nix.flake}#packages.{DARWIN}.{attr}",
+            "--override-input", "nixpkgs", f"path:{stub}", "--no-write-lock-file", check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0, f"{attr} evaluated with nixpkgs' moltenvk 1.4.2"
+        assert f"nixpkgs' moltenvk is 1.4.2, but sources.moltenvk in provision/data/pins.json is {pinned}" in (
+            proc.stderr
+        ), proc.stderr
+    # Linux never asks for MoltenVK: the same stub still evaluates there
+    proc = nix.run(
+        "eval", "--json", f"{nix.flake}#packages.{LINUX}.krun.drvPath",
+        "--override-input", "nixpkgs", f"path:{stub}", "--no-write-lock-file", check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_ggml_cross_build_of_checks_macho_link_uses_the_darwin_recipes_flags(nix: Nix) -> None:

@@ -28,7 +28,11 @@ def test_docs_side_by_side_is_what_the_recipe_and_the_references_say(nix: Nix) -
     assert block == sbs.render(ours, refs), "stale: run .venv/bin/python checks/nix-side-by-side"
     # the facts behind the rows: krunkit's virglrenderer and flags, what .#krun's libkrun links
     assert sorted(ours["virglrenderer_meson_flags"]) == sorted(refs["nixpkgs-libkrun-efi"]["virglrenderer_meson_flags"])
-    assert ours["virglrenderer_version"] == refs["nixpkgs-libkrun-efi"]["virglrenderer_version"]
+    # the Venus tree is the tap's: same tag, and our SRI hash is the tap's hex sha256
+    assert ours["virglrenderer_version"] == refs["homebrew-krun"]["virglrenderer_version"]
+    venus = json.loads((REPO / "provision/data/pins.json").read_text())["sources"]["virglrenderer-venus"]
+    assert f"sha256 {venus['sha256']}" in refs["homebrew-krun"]["virglrenderer_source"]
+    assert ours["virglrenderer_source"].endswith(venus["hash"])
     assert ours["install"].endswith("install -Dm755 target/release/krunkit")
 
 

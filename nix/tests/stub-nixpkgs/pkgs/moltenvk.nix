@@ -6,7 +6,8 @@
 }:
 stdenv.mkDerivation {
   pname = "moltenvk";
-  version = "0-stub";
+  # the locked nixpkgs' MoltenVK as sources.moltenvk records it (the overlay refuses another)
+  version = "1.4.1";
   outputs = [
     "out"
     "bin"
