@@ -110,7 +110,7 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"cp -r {q(where.llama)}/ggml {w}/src/ && mkdir -p {w}/src/tests",
         f"cp {q(where.llama)}/tests/test-backend-ops.cpp {w}/src/tests/",
         *(f"patch -d {w}/src -p1 --forward --batch -i {q(where.patches + '/' + p)}"
-          for p in [*patches, *host_patches]),
+          for p in dict.fromkeys([*patches, *host_patches])),  # 0006 is in both series: once
         # The host library, from the same patched tree (the host-tools one is unpatched).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} -I{front}/.. "
         + " ".join(f"{front}/backend/{s}" for s in BACKEND_SOURCES)
