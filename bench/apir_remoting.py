@@ -119,7 +119,10 @@ def render(report: Mapping[str, Any]) -> str:
                                       for c, p in prof.items()]))
     g = report["greedy"]
     lines.append(f"\ngreedy {g['n_tokens']} tokens: native and {report['device']} (after) "
-                 f"{'the same' if g['same'] else 'DIFFER'}: {' '.join(map(str, g['native'][:16]))} ...")
+                 f"{'the same' if g['same'] else 'DIFFER'}: {' '.join(map(str, g['native'][:16]))} ...; "
+                 f"ggml-cuda's CUDA graph log lines: {g['cuda_graph_log']}")
+    if report.get("cuda_graphs_off"):
+        lines.append(f"tg with GGML_CUDA_DISABLE_GRAPHS=1: {report['cuda_graphs_off']}")
     return "\n".join(lines)
 
 
@@ -231,16 +234,33 @@ def greedy(setup: Setup, dirs: loopback_host.HostDirs, model: Path, n_tokens: in
     runs = {"native": ([str(native_bin), str(model), setup.native_device, str(n_tokens)], native_env(setup, dirs)),
             "route": ([str(dirs.bin / "greedy"), str(model), setup.device, str(n_tokens)], route_env(setup, dirs))}
     tokens: dict[str, list[int]] = {}
+    graphs: dict[str, dict[str, int]] = {}
     for name, (argv, env) in runs.items():
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
         lines = [line for line in proc.stdout.splitlines() if line.strip()]
         if proc.returncode != 0 or not lines:
             raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
         tokens[name] = [int(t) for t in lines[-1].split()]
+        # ggml-cuda's own debug lines (greedy sets no logger): the evidence that CUDA graphs ran
+        graphs[name] = {"warmup_complete": proc.stderr.count("CUDA graph warmup complete"),
+                        "graph_reused": proc.stderr.count("CUDA Graph id")}
         if len(tokens[name]) != n_tokens:
             raise SystemExit(f"{' '.join(argv)}: {len(tokens[name])} tokens, not {n_tokens}")
     return {"n_tokens": n_tokens, "native": tokens["native"], "route": tokens["route"],
-            "same": tokens["native"] == tokens["route"]}
+            "same": tokens["native"] == tokens["route"], "cuda_graph_log": graphs}
+
+
+def cuda_graphs_off(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
+                    stats: Path) -> dict[str, float]:
+    """tg natively and through the route with ggml-cuda's CUDA graphs off: where the route's
+    speed drops as much as native's, the route runs CUDA graphs too."""
+    os.environ["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+    try:
+        native = llama_bench(setup, dirs, model, test, reps, None)["record"]
+        route = llama_bench(setup, dirs, model, test, reps, stats)["record"]
+    finally:
+        del os.environ["GGML_CUDA_DISABLE_GRAPHS"]
+    return {"native_ts": round(float(native["avg_ts"]), 1), "after_ts": round(float(route["avg_ts"]), 1)}
 
 
 def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Path, tests: Mapping[str, Sequence[str]],
@@ -300,10 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     build_greedy(setup, built["after"])
     same = greedy(setup, built["after"], args.model.resolve(), args.greedy_tokens)
     results = measure(setup, built, args.model.resolve(), tests, args.repetitions)
+    graphs_off = None
+    if setup.target == "cuda":
+        tg = tests[f"tg{args.n_gen}"]
+        graphs_off = cuda_graphs_off(setup, built["after"], args.model.resolve(), tg, args.repetitions,
+                                     setup.work / "graphs-off-stats.json")
+        print(f"tg{args.n_gen} with GGML_CUDA_DISABLE_GRAPHS=1: {graphs_off}", file=sys.stderr, flush=True)
     report = {"device": setup.device, "native_device": setup.native_device, "model": str(args.model),
               "repetitions": args.repetitions,
               "patches": {v.name: {"guest": v.guest_patches, "host": v.host_patches} for v in variants()},
-              "side_by_side": ratio_rows(results), "greedy": same, "results": results}
+              "side_by_side": ratio_rows(results), "greedy": same, "cuda_graphs_off": graphs_off,
+              "results": results}
     print(render(report))
     if args.json:
         tmp = args.json.with_name(f".{args.json.name}.tmp")

@@ -126,6 +126,9 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
         f"{w}/src/ggml/src/ggml-backend-reg.cpp {w}/src/ggml/src/ggml-backend-dl.cpp "
         f"-o {b}/libggml.so -L{lib} -lggml-base {links} {rpath}",
+        # A llama-like decode loop checked value by value (APIR 0.3: inputs with the graph, the graph by uid).
+        f"g++ -std=c++17 -O1 {inc} {loop}/graph-run-check.cpp -o {b}/graph-run-check -L{b} -L{lib} -lggml "
+        f"-lggml-base {rpath}",
         # The test program is one large file that does not change with our patches: compile once.
         f"test -f {w}/test-backend-ops.o || g++ -std=c++17 -O1 -c {inc} {w}/src/tests/test-backend-ops.cpp "
         f"-o {w}/test-backend-ops.o",
