@@ -181,6 +181,8 @@ def route_env(setup: Setup, dirs: loopback_host.HostDirs) -> dict[str, str]:
     env = {**base, **loopback_host.bench_env(dirs, setup.target)}
     if setup.target == "cpu":
         env["APIR_LOOPBACK_DEVICE_TYPE"] = "gpu"  # llama's tools offload to GPU-type devices only
+        # and its memory is the device's own, as a GPU's: inputs and outputs cross as on CUDA
+        env["APIR_LOOPBACK_NO_HOST_PTR"] = "1"
     return env
 
 
@@ -191,6 +193,7 @@ def native_env(setup: Setup, dirs: loopback_host.HostDirs) -> dict[str, str]:
         return dict(os.environ)
     env = route_env(setup, dirs)
     env.pop("APIR_LOOPBACK_DEVICE_TYPE")
+    env.pop("APIR_LOOPBACK_NO_HOST_PTR")
     return env
 
 

@@ -23,6 +23,11 @@
 //
 // APIR_LOOPBACK_DEVICE_TYPE=gpu: report the host device as a GPU. With the CPU target the
 // remote device is a CPU, which llama's tools hide; this lets llama-bench offload to it.
+//
+// APIR_LOOPBACK_NO_HOST_PTR=1: report that the host device cannot wrap host memory
+// (caps.buffer_from_host_ptr false), as a GPU with its own memory (CUDA) does. The CPU target's
+// buffers are then remote ones, whose tensor data crosses as commands (SET_TENSOR, GET_TENSOR,
+// or with the graph), instead of shared pages the guest reads and writes directly.
 
 #include "virtgpu.h"
 #include "ggml-remoting.h"
@@ -87,6 +92,10 @@ const char *  g_stats_path = getenv("APIR_LOOPBACK_STATS");
 const bool    g_device_is_gpu = [] {
     const char * v = getenv("APIR_LOOPBACK_DEVICE_TYPE");
     return v && strcmp(v, "gpu") == 0;
+}();
+const bool g_no_host_ptr = [] {
+    const char * v = getenv("APIR_LOOPBACK_NO_HOST_PTR");
+    return v && strcmp(v, "1") == 0;
 }();
 
 // Per thread: when the current command was prepared, and the command whose reply is being read.
@@ -278,6 +287,10 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
                 if (flags == APIR_COMMAND_TYPE_DEVICE_GET_TYPE && g_device_is_gpu && after >= enc + sizeof(uint32_t)) {
                     uint32_t gpu_type = GGML_BACKEND_DEVICE_TYPE_GPU;
                     memcpy(enc, &gpu_type, sizeof(gpu_type));
+                }
+                // The reply is five bools of 4 bytes each: async, host_buffer, buffer_from_host_ptr, ...
+                if (flags == APIR_COMMAND_TYPE_DEVICE_GET_PROPS && g_no_host_ptr && after >= enc + 12) {
+                    memset(enc + 8, 0, 4);
                 }
             }
             slot = flags < (uint32_t) APIR_BACKEND_DISPATCH_TABLE_COUNT ? (int) flags : -1;

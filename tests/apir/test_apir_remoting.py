@@ -119,7 +119,9 @@ def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str
 
 
 def _decode_check(dirs: loopback_host.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats)}
+    # The remote CPU without host-pointer buffers, as a GPU: tensor data crosses as commands.
+    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+           "APIR_LOOPBACK_NO_HOST_PTR": "1"}
     return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
