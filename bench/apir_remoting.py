@@ -267,8 +267,9 @@ def cuda_graphs_off(setup: Setup, dirs: loopback_host.HostDirs, model: Path, tes
 
 
 def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Path, tests: Mapping[str, Sequence[str]],
-            reps: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+            reps: int, results: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fills `results` as it goes (a caller keeps what was measured when a later run fails)."""
+    results = {} if results is None else results
     with tempfile.TemporaryDirectory() as tmp:
         for test, argv in tests.items():
             tokens = int(argv[argv.index("-n") + 1]) or int(argv[argv.index("-p") + 1])
@@ -320,9 +321,15 @@ def main(argv: list[str] | None = None) -> int:
     built = {v.name: build(setup, v) for v in variants()}
     tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
              f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
+    results: dict[str, Any] = {}
+    try:
+        measure(setup, built, args.model.resolve(), tests, args.repetitions, results)
+    except SystemExit as exc:  # what was measured still lands in the report, with the failure
+        if args.json:
+            _write(args.json, {"device": setup.device, "failed": str(exc)[-4000:], "partial_results": results})
+        raise
     build_greedy(setup, built["after"])
     same = greedy(setup, built["after"], args.model.resolve(), args.greedy_tokens)
-    results = measure(setup, built, args.model.resolve(), tests, args.repetitions)
     graphs_off = None
     if setup.target == "cuda":
         tg = tests[f"tg{args.n_gen}"]
@@ -336,10 +343,14 @@ def main(argv: list[str] | None = None) -> int:
               "results": results}
     print(render(report))
     if args.json:
-        tmp = args.json.with_name(f".{args.json.name}.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, args.json)
+        _write(args.json, report)
     return 0 if same["same"] else 1
+
+
+def _write(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
