@@ -43,7 +43,7 @@ from provision.images import sources  # noqa: E402
 
 # The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all.
 CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
-       "0008-ggml-virtgpu-backend-graph-run.patch")
+       "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 
@@ -330,6 +330,12 @@ def main(argv: list[str] | None = None) -> int:
         raise
     build_greedy(setup, built["after"])
     same = greedy(setup, built["after"], args.model.resolve(), args.greedy_tokens)
+    # The same through the series before the cut: tells a fault of the cut from one it inherited.
+    shutil.copy2(built["after"].bin / "greedy", built["before"].bin / "greedy")
+    try:
+        same_before: dict[str, Any] = greedy(setup, built["before"], args.model.resolve(), args.greedy_tokens)
+    except SystemExit as exc:
+        same_before = {"failed": str(exc)[-2000:]}
     graphs_off = None
     if setup.target == "cuda":
         tg = tests[f"tg{args.n_gen}"]
@@ -339,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {"device": setup.device, "native_device": setup.native_device, "model": str(args.model),
               "repetitions": args.repetitions,
               "patches": {v.name: {"guest": v.guest_patches, "host": v.host_patches} for v in variants()},
-              "side_by_side": ratio_rows(results), "greedy": same, "cuda_graphs_off": graphs_off,
+              "side_by_side": ratio_rows(results), "greedy": same, "greedy_before": same_before,
+              "cuda_graphs_off": graphs_off,
               "results": results}
     print(render(report))
     if args.json:

@@ -38,6 +38,9 @@ int main(int argc, char ** argv) {
     llama_model_params mparams = llama_model_default_params();
     if (device == "none") {
         mparams.n_gpu_layers = 0;
+        // The CPU's repacked weight layouts (extra buffer types) sum in another order than the plain
+        // layout a remote CPU computes on; near-ties of a synthetic model then pick other tokens.
+        mparams.use_extra_bufts = false;
     } else {
         devices[0] = ggml_backend_dev_by_name(device.c_str());
         if (!devices[0]) {

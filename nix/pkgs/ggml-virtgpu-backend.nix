@@ -47,6 +47,7 @@ effectiveStdenv.mkDerivation (finalAttrs: {
     ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
     ../../patches/llama.cpp/0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch
     ../../patches/llama.cpp/0008-ggml-virtgpu-backend-graph-run.patch
+    ../../patches/llama.cpp/0009-ggml-virtgpu-backend-zero-new-buffers.patch
   ];
 
   nativeBuildInputs = [

@@ -29,10 +29,11 @@ from provision.images import sources
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "apir_remoting.py"
-SHARED, GUEST, HOST = (
+SHARED, GUEST, HOST, ZERO = (
     "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
     "0007-ggml-virtgpu-one-round-trip-per-token.patch",
     "0008-ggml-virtgpu-backend-graph-run.patch",
+    "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
 )
 
 
@@ -49,14 +50,14 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it():
     bench = _bench()
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
-    assert set(bench.CUT) == {SHARED, GUEST, HOST}
+    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO}
     assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST))
-    assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST))
+    assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO))
     assert before.host_patches[-1].startswith("0005-")
 
 
 def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3():
-    assert ggml_build.HOST_PATCHES[-2:] == (SHARED, HOST)
+    assert ggml_build.HOST_PATCHES[-3:] == (SHARED, HOST, ZERO)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
@@ -65,7 +66,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3():
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-2:] == [SHARED, GUEST] and HOST not in names, name
+        assert names[-2:] == [SHARED, GUEST] and HOST not in names and ZERO not in names, name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 3, 2)
 

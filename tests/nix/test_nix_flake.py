@@ -204,7 +204,8 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
     assert [store_basename(p) for p in patches] == ["0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                                                     "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
                                                     "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
-                                                    "0008-ggml-virtgpu-backend-graph-run.patch"]
+                                                    "0008-ggml-virtgpu-backend-graph-run.patch",
+                                                    "0009-ggml-virtgpu-backend-zero-new-buffers.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 
