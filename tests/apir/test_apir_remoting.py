@@ -46,7 +46,7 @@ def _bench() -> ModuleType:
     return mod
 
 
-def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it():
+def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     bench = _bench()
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
@@ -56,7 +56,7 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it():
     assert before.host_patches[-1].startswith("0005-")
 
 
-def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3():
+def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3() -> None:
     assert ggml_build.HOST_PATCHES[-3:] == (SHARED, HOST, ZERO)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
@@ -71,7 +71,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3():
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 3, 2)
 
 
-def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check():
+def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check() -> None:
     where = loopback.Where(llama="/s/l", loopback="/s/lb", patches="/s/p", work="/w", lib="/l")
     script = loopback.build_script(["0001-a.patch", SHARED, GUEST], "cpu", where, host_patches=[SHARED, HOST])
     assert script.count(f"-i /s/p/{SHARED}") == 1
@@ -79,7 +79,7 @@ def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check(
     assert "/s/lb/graph-run-check.cpp -o /w/bin/graph-run-check" in script
 
 
-def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens():
+def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> None:
     bench = _bench()
     one = {"graph_run": {"n": 2, "encode_ns": 2000, "host_ns": 10000, "reply_ns": 0, "decode_ns": 4000,
                          "compute_ns": 5000, "copy_ns": 100},
@@ -96,10 +96,12 @@ def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens():
 
 
 @pytest.mark.slow
-def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_protocol():
+def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_protocol() -> None:
     tree = sources.llama_cpp_tree()
     proto = pins.default().source("llama-cpp")["apir_protocol"]
-    guest = tuple(Path(p).name for p in catalog.load().get("llama-apir").build.patches)  # type: ignore[union-attr]
+    build = catalog.load().get("llama-apir").build
+    assert build is not None
+    guest = tuple(Path(p).name for p in build.patches)
     for names in (tuple(loopback.guest_patches()), ggml_build.HOST_PATCHES, guest):
         patched = builds.patched_tree(tree, names, "test-apir-0.3")
         assert sources.apir_protocol(patched) == (proto["major"], proto["minor"]), names
@@ -128,9 +130,9 @@ def _decode_check(dirs: loopback_host.HostDirs, tokens: int, stats: Path) -> sub
 
 
 @pytest.mark.slow
-def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_values(tmp_path):
+def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_values(tmp_path: Path) -> None:
     dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
-    counts = {}
+    counts: dict[int, dict[str, dict[str, int]]] = {}
     for tokens in (2, 12):
         stats = tmp_path / f"stats-{tokens}.json"
         proc = _decode_check(dirs, tokens, stats)
@@ -150,7 +152,7 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_value
 
 
 @pytest.mark.slow
-def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path):
+def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path: Path) -> None:
     old_guest = tuple(p for p in loopback.guest_patches() if p not in (SHARED, GUEST))
     dirs = _loopback(tmp_path, "mixed", old_guest, loopback.HOST_PATCHES)
     proc = _decode_check(dirs, 2, tmp_path / "stats.json")
@@ -160,7 +162,7 @@ def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path):
 
 
 @pytest.mark.slow
-def test_greedy_tokens_through_the_route_are_the_native_ones(tmp_path):
+def test_greedy_tokens_through_the_route_are_the_native_ones(tmp_path: Path) -> None:
     bench = _bench()
     from provision.models import store
 
