@@ -164,10 +164,12 @@ def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path: Path) -> 
 @pytest.mark.slow
 def test_greedy_tokens_through_the_route_are_the_native_ones(tmp_path: Path) -> None:
     bench = _bench()
-    from provision.models import store
+    from provision import cli
 
+    model = tmp_path / "llama-kquant.gguf"  # written here, checked against its pin
+    assert cli.main(["model", "synth", "llama-kquant", "--output", str(model)]) == 0
     setup = bench.cpu_setup(tmp_path)
     after = bench.build(setup, bench.variants()[1])
     bench.build_greedy(setup, after)
-    same = bench.greedy(setup, after, store.Store().path("llama-kquant"), 24)
+    same = bench.greedy(setup, after, model, 24)
     assert len(same["native"]) == 24 and same["same"], same
