@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The APIR remoting cost per token, with our patch series and without its last cut, side by side (issue 27).
+"""The APIR route against native: tokens/s natively, through the route before and after the cut, the ratios,
+and the cost of a token by command (issues 27 and 40).
 
 Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
 checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
-patches of the series up to 0003, "after" with the whole series (0004 frontend, 0005 host). The
-same llama-bench runs through each, alternately, with the loopback's per-command profile on
-(APIR_LOOPBACK_STATS). Each test runs twice, with 1 and with R repetitions: the difference
-divided by (R-1) x tokens is the cost of one more token, without model load and warm-up.
+series without its last cut (APIR 0.3: 0006 shared, 0007 guest, 0008 host), "after" with the
+whole series. The same llama-bench runs natively and through each, alternately, with the
+loopback's per-command profile on (APIR_LOOPBACK_STATS; with 0008 the host's time is split into
+decode, compute and copy). Each test runs twice through the route, with 1 and with R repetitions:
+the difference divided by (R-1) x tokens is the cost of one more token, without model load and
+warm-up. Correctness: checks/apir-loopback/greedy.cpp decodes greedily natively and through the
+"after" route; the token ids must be the same (the exit status says so; speed is never gated).
 
   python bench/apir_remoting.py                   # here: CPU target, `host` + `guest` ggml builds
   python bench/apir_remoting.py --target cuda --source TREE --drm-include DIR --cuda-arch 90
@@ -37,9 +41,9 @@ from provision.core import layout, paths  # noqa: E402
 from provision.hosts.linux import loopback, loopback_host  # noqa: E402
 from provision.images import sources  # noqa: E402
 
-# The cut under test: the last patch of the guest series and of the host series.
-CUT_GUEST = "0004-ggml-virtgpu-deterministic-graph-bytes-and-supports-op-cache.patch"
-CUT_HOST = "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch"
+# The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all.
+CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
+       "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 
@@ -52,9 +56,10 @@ class Variant:
 
 
 def variants() -> tuple[Variant, Variant]:
-    guest, host = loopback.guest_patches(), loopback.HOST_PATCHES
-    assert guest[-1] == CUT_GUEST and host[-1] == CUT_HOST, "the cut is the last patch of each series"
-    return (Variant("before", tuple(guest[:-1]), tuple(host[:-1])), Variant("after", tuple(guest), tuple(host)))
+    guest, host = tuple(loopback.guest_patches()), tuple(loopback.HOST_PATCHES)
+    assert set(CUT) <= set(guest) | set(host), "the cut is part of the series"
+    return (Variant("before", tuple(p for p in guest if p not in CUT), tuple(p for p in host if p not in CUT)),
+            Variant("after", guest, host))
 
 
 def per_token(one: Mapping[str, Any], many: Mapping[str, Any], extra_tokens: int) -> dict[str, dict[str, float]]:
@@ -62,22 +67,31 @@ def per_token(one: Mapping[str, Any], many: Mapping[str, Any], extra_tokens: int
     out: dict[str, dict[str, float]] = {}
     for cmd, m in many.items():
         o = one.get(cmd, {})
-        row = {k: (float(m[k]) - float(o.get(k, 0))) / extra_tokens for k in ("n", "encode_ns", "host_ns", "reply_ns")}
+        keys = ("n", *(k for k in TIMES if k in m))
+        row = {k: (float(m[k]) - float(o.get(k, 0))) / extra_tokens for k in keys}
         if row["n"] > 0.005:
             out[cmd] = {"n": round(row["n"], 2), **{k.replace("_ns", "_us"): round(row[k] / 1000, 2)
-                                                     for k in ("encode_ns", "host_ns", "reply_ns")}}
+                                                     for k in keys if k != "n"}}
     return out
 
 
+# The loopback's times per command; the last three only from hosts with patch 0008 (the host's split).
+TIMES = ("encode_ns", "host_ns", "reply_ns", "decode_ns", "compute_ns", "copy_ns")
+
+
 def totals(profile: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    return {k: round(sum(r[k] for r in profile.values()), 2) for k in ("n", "encode_us", "host_us", "reply_us")}
+    keys = ("n", *(k.replace("_ns", "_us") for k in TIMES))
+    return {k: round(sum(r.get(k, 0.0) for r in profile.values()), 2) for k in keys}
 
 
 def ratio_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for test, r in results.items():
-        b, a = r["before"], r["after"]
-        rows.append({"test": test, "before_ts": b["ts"], "before_sd": b["sd"], "after_ts": a["ts"], "after_sd": a["sd"],
+        b, a, n = r["before"], r["after"], r["native"]
+        rows.append({"test": test, "native_ts": n["ts"], "native_sd": n["sd"],
+                     "before_ts": b["ts"], "before_sd": b["sd"], "after_ts": a["ts"], "after_sd": a["sd"],
+                     "before_over_native": round(b["ts"] / n["ts"], 3) if n["ts"] else None,
+                     "after_over_native": round(a["ts"] / n["ts"], 3) if n["ts"] else None,
                      "ratio": round(a["ts"] / b["ts"], 3) if b["ts"] else None,
                      "before_round_trips": b["total"]["n"], "after_round_trips": a["total"]["n"],
                      "before_remoting_us": round(b["total"]["encode_us"] + b["total"]["reply_us"], 1),
@@ -87,17 +101,28 @@ def ratio_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def render(report: Mapping[str, Any]) -> str:
-    lines = [f"APIR loopback, {report['device']}, model {Path(report['model']).name}; "
-             f"per token = ({report['repetitions']} - 1 repetitions) difference"]
-    cols = ["test", "before_ts", "after_ts", "ratio", "before_round_trips", "after_round_trips",
-            "before_remoting_us", "after_remoting_us", "before_host_us", "after_host_us"]
+    lines = [f"APIR loopback, {report['device']} against native {report['native_device']}, model "
+             f"{Path(report['model']).name}; per token = ({report['repetitions']} - 1 repetitions) difference"]
+    cols = ["test", "native_ts", "before_ts", "after_ts", "before_over_native", "after_over_native",
+            "before_round_trips", "after_round_trips", "before_remoting_us", "after_remoting_us",
+            "before_host_us", "after_host_us"]
     lines.append(table([c.upper() for c in cols], [[r[c] for c in cols] for r in report["side_by_side"]]))
     for test, r in report["results"].items():
         for name in ("before", "after"):
             prof = r[name]["per_token"]
+            split = any("compute_us" in p for p in prof.values())
+            head = ["COMMAND", "N", "ENCODE_US", "HOST_US", "REPLY_US"] + (
+                ["DECODE_US", "COMPUTE_US", "COPY_US"] if split else [])
             lines.append(f"\n{test} {name}: per token, by command")
-            lines.append(table(["COMMAND", "N", "ENCODE_US", "HOST_US", "REPLY_US"],
-                               [[c, p["n"], p["encode_us"], p["host_us"], p["reply_us"]] for c, p in prof.items()]))
+            lines.append(table(head, [[c, p["n"], p["encode_us"], p["host_us"], p["reply_us"]]
+                                      + ([p.get("decode_us"), p.get("compute_us"), p.get("copy_us")] if split else [])
+                                      for c, p in prof.items()]))
+    g = report["greedy"]
+    lines.append(f"\ngreedy {g['n_tokens']} tokens: native and {report['device']} (after) "
+                 f"{'the same' if g['same'] else 'DIFFER'}: {' '.join(map(str, g['native'][:16]))} ...; "
+                 f"ggml-cuda's CUDA graph log lines: {g['cuda_graph_log']}")
+    if report.get("cuda_graphs_off"):
+        lines.append(f"tg with GGML_CUDA_DISABLE_GRAPHS=1: {report['cuda_graphs_off']}")
     return "\n".join(lines)
 
 
@@ -105,6 +130,7 @@ def render(report: Mapping[str, Any]) -> str:
 class Setup:
     target: str
     device: str
+    native_device: str
     lib: Path  # the host ggml (libggml-base, the target's backend)
     llama_bin: Path  # where llama-bench and its libraries come from
     work: Path
@@ -116,13 +142,13 @@ def cpu_setup(work: Path) -> Setup:
     host = builds.ensure("host")
     guest = builds.ensure("guest")
     # The loopback patches its own copy: the pinned tree as it is, not the host build's patched one.
-    return Setup("cpu", loopback.TARGETS["cpu"][2], host.bin_dir, guest.bin_dir, work,
+    return Setup("cpu", loopback.TARGETS["cpu"][2], "none", host.bin_dir, guest.bin_dir, work,
                  sources.llama_cpp_tree(), builds.drm_headers())
 
 
 def cuda_setup(work: Path, source: Path, drm_include: Path, cuda_arch: str, jobs: int) -> Setup:
     built = builds.ensure("cuda-tools", jobs=jobs, cuda_architectures=cuda_arch, source=source.resolve())
-    return Setup("cuda", loopback.TARGETS["cuda"][2], built.bin_dir, built.bin_dir, work, source.resolve(),
+    return Setup("cuda", loopback.TARGETS["cuda"][2], "CUDA0", built.bin_dir, built.bin_dir, work, source.resolve(),
                  drm_include.resolve())
 
 
@@ -149,29 +175,109 @@ def build(setup: Setup, v: Variant) -> loopback_host.HostDirs:
     return dirs
 
 
-def llama_bench(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
-                stats: Path) -> dict[str, Any]:
+def route_env(setup: Setup, dirs: loopback_host.HostDirs) -> dict[str, str]:
     # CUDA: the caller's environment (the driver and runtime paths), as checks/apir-cuda runs it.
     base = dict(os.environ) if setup.target == "cuda" else {"PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
-    env = {**base, **loopback_host.bench_env(dirs, setup.target), "APIR_LOOPBACK_STATS": str(stats)}
+    env = {**base, **loopback_host.bench_env(dirs, setup.target)}
     if setup.target == "cpu":
         env["APIR_LOOPBACK_DEVICE_TYPE"] = "gpu"  # llama's tools offload to GPU-type devices only
-    argv = [str(dirs.bin / "llama-bench"), "-m", str(model), "-dev", setup.device, "-ngl", "99", *test,
-            "-r", str(reps), "-o", "jsonl"]
+        # and its memory is the device's own, as a GPU's: inputs and outputs cross as on CUDA
+        env["APIR_LOOPBACK_NO_HOST_PTR"] = "1"
+    return env
+
+
+def native_env(setup: Setup, dirs: loopback_host.HostDirs) -> dict[str, str]:
+    """CUDA: the build's own binaries and libraries (RUNPATH). CPU: the loopback's directory, its
+    remote device left a CPU (which llama's tools do not offload to), so the CPU backend computes."""
+    if setup.target == "cuda":
+        return dict(os.environ)
+    env = route_env(setup, dirs)
+    env.pop("APIR_LOOPBACK_DEVICE_TYPE")
+    env.pop("APIR_LOOPBACK_NO_HOST_PTR")
+    return env
+
+
+def llama_bench(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
+                stats: Path | None) -> dict[str, Any]:
+    """Through the route (stats: the loopback's profile goes there), or natively (stats None)."""
+    if stats is None:
+        binary = (setup.llama_bin if setup.target == "cuda" else dirs.bin) / "llama-bench"
+        ngl = "99" if setup.target == "cuda" else "0"
+        env, dev = native_env(setup, dirs), ["-dev", setup.native_device, "-ngl", ngl]
+    else:
+        binary, env = dirs.bin / "llama-bench", {**route_env(setup, dirs), "APIR_LOOPBACK_STATS": str(stats)}
+        dev = ["-dev", setup.device, "-ngl", "99"]
+    argv = [str(binary), "-m", str(model), *dev, *test, "-r", str(reps), "-o", "jsonl"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
     records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not records or not stats.exists():
+    if proc.returncode != 0 or not records or (stats is not None and not stats.exists()):
         raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    return {"record": records[-1], "commands": json.loads(stats.read_text())["commands"]}
+    commands = json.loads(stats.read_text())["commands"] if stats is not None else {}
+    return {"record": records[-1], "commands": commands}
+
+
+def build_greedy(setup: Setup, dirs: loopback_host.HostDirs) -> Path:
+    """checks/apir-loopback/greedy.cpp against the build's libllama; it runs from the loopback's
+    directory through the route and (CPU target) natively, from its own for native CUDA."""
+    out = setup.work / "greedy" / "greedy"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    inc = [f"-I{setup.tree / 'include'}", f"-I{setup.tree / 'ggml' / 'include'}"]
+    argv = ["g++", "-std=c++17", "-O1", *inc, str(loopback.loopback_dir() / "greedy.cpp"), "-o", str(out),
+            f"-L{setup.llama_bin}", "-lllama", "-lggml", "-lggml-base", f"-Wl,-rpath,{setup.llama_bin}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"greedy build failed:\n{proc.stderr[-3000:]}")
+    shutil.copy2(out, dirs.bin / "greedy")
+    return out
+
+
+def greedy(setup: Setup, dirs: loopback_host.HostDirs, model: Path, n_tokens: int) -> dict[str, Any]:
+    """Greedy token ids natively and through the route; the route must not change one."""
+    native_bin = setup.work / "greedy" / "greedy" if setup.target == "cuda" else dirs.bin / "greedy"
+    runs = {"native": ([str(native_bin), str(model), setup.native_device, str(n_tokens)], native_env(setup, dirs)),
+            "route": ([str(dirs.bin / "greedy"), str(model), setup.device, str(n_tokens)], route_env(setup, dirs))}
+    tokens: dict[str, list[int]] = {}
+    graphs: dict[str, dict[str, int]] = {}
+    for name, (argv, env) in runs.items():
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+        lines = [line for line in proc.stdout.splitlines() if line.strip()]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"{' '.join(argv)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
+        tokens[name] = [int(t) for t in lines[-1].split()]
+        # ggml-cuda's own debug lines (greedy sets no logger): the evidence that CUDA graphs ran
+        graphs[name] = {"warmup_complete": proc.stderr.count("CUDA graph warmup complete"),
+                        "graph_reused": proc.stderr.count("CUDA Graph id")}
+        if len(tokens[name]) != n_tokens:
+            raise SystemExit(f"{' '.join(argv)}: {len(tokens[name])} tokens, not {n_tokens}")
+    return {"n_tokens": n_tokens, "native": tokens["native"], "route": tokens["route"],
+            "same": tokens["native"] == tokens["route"], "cuda_graph_log": graphs}
+
+
+def cuda_graphs_off(setup: Setup, dirs: loopback_host.HostDirs, model: Path, test: Sequence[str], reps: int,
+                    stats: Path) -> dict[str, float]:
+    """tg natively and through the route with ggml-cuda's CUDA graphs off: where the route's
+    speed drops as much as native's, the route runs CUDA graphs too."""
+    os.environ["GGML_CUDA_DISABLE_GRAPHS"] = "1"
+    try:
+        native = llama_bench(setup, dirs, model, test, reps, None)["record"]
+        route = llama_bench(setup, dirs, model, test, reps, stats)["record"]
+    finally:
+        del os.environ["GGML_CUDA_DISABLE_GRAPHS"]
+    return {"native_ts": round(float(native["avg_ts"]), 1), "after_ts": round(float(route["avg_ts"]), 1)}
 
 
 def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Path, tests: Mapping[str, Sequence[str]],
-            reps: int) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+            reps: int, results: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Fills `results` as it goes (a caller keeps what was measured when a later run fails)."""
+    results = {} if results is None else results
     with tempfile.TemporaryDirectory() as tmp:
         for test, argv in tests.items():
             tokens = int(argv[argv.index("-n") + 1]) or int(argv[argv.index("-p") + 1])
             results[test] = {}
+            native = llama_bench(setup, built["after"], model, argv, reps, None)["record"]
+            results[test]["native"] = {"ts": round(float(native["avg_ts"]), 1),
+                                       "sd": round(float(native["stddev_ts"]), 1)}
+            print(f"{test} native: {results[test]['native']['ts']} t/s", file=sys.stderr, flush=True)
             for name, dirs in built.items():  # alternately, so both see the same machine load
                 one = llama_bench(setup, dirs, model, argv, 1, Path(tmp) / f"{name}-{test}-1.json")
                 many = llama_bench(setup, dirs, model, argv, reps, Path(tmp) / f"{name}-{test}-r.json")
@@ -197,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-n", "--n-gen", type=int, default=32)
     p.add_argument("-p", "--n-prompt", type=int, default=128)
     p.add_argument("-r", "--repetitions", type=int, default=5)
+    p.add_argument("--greedy-tokens", type=int, default=32, help="tokens of the greedy correctness run")
     p.add_argument("--json", type=Path, help="write the report here too")
     args = p.parse_args(argv)
     if args.repetitions < 2:
@@ -214,14 +321,43 @@ def main(argv: list[str] | None = None) -> int:
     built = {v.name: build(setup, v) for v in variants()}
     tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
              f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
-    results = measure(setup, built, args.model.resolve(), tests, args.repetitions)
-    report = {"device": setup.device, "model": str(args.model), "repetitions": args.repetitions,
+    results: dict[str, Any] = {}
+    try:
+        measure(setup, built, args.model.resolve(), tests, args.repetitions, results)
+    except SystemExit as exc:  # what was measured still lands in the report, with the failure
+        if args.json:
+            _write(args.json, {"device": setup.device, "failed": str(exc)[-4000:], "partial_results": results})
+        raise
+    build_greedy(setup, built["after"])
+    same = greedy(setup, built["after"], args.model.resolve(), args.greedy_tokens)
+    # The same through the series before the cut: tells a fault of the cut from one it inherited.
+    shutil.copy2(built["after"].bin / "greedy", built["before"].bin / "greedy")
+    try:
+        same_before: dict[str, Any] = greedy(setup, built["before"], args.model.resolve(), args.greedy_tokens)
+    except SystemExit as exc:
+        same_before = {"failed": str(exc)[-2000:]}
+    graphs_off = None
+    if setup.target == "cuda":
+        tg = tests[f"tg{args.n_gen}"]
+        graphs_off = cuda_graphs_off(setup, built["after"], args.model.resolve(), tg, args.repetitions,
+                                     setup.work / "graphs-off-stats.json")
+        print(f"tg{args.n_gen} with GGML_CUDA_DISABLE_GRAPHS=1: {graphs_off}", file=sys.stderr, flush=True)
+    report = {"device": setup.device, "native_device": setup.native_device, "model": str(args.model),
+              "repetitions": args.repetitions,
               "patches": {v.name: {"guest": v.guest_patches, "host": v.host_patches} for v in variants()},
-              "side_by_side": ratio_rows(results), "results": results}
+              "side_by_side": ratio_rows(results), "greedy": same, "greedy_before": same_before,
+              "cuda_graphs_off": graphs_off,
+              "results": results}
     print(render(report))
     if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    return 0
+        _write(args.json, report)
+    return 0 if same["same"] else 1
+
+
+def _write(path: Path, data: Mapping[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,19 @@
 // command, with where their time went: "encode_ns" (the frontend, from preparing the command
 // to sending it: the graph serialization of GRAPH_COMPUTE is here), "host_ns" (the host's
 // dispatcher: decode + the backend's work) and "reply_ns" (the frontend decoding the reply,
-// until its next command or remote_call_finish). This is the profile bench/apir_remoting.py
+// until its next command or remote_call_finish). When the host library exports
+// apir_backend_profile (patch 0008), host_ns is split further: "decode_ns" (decoding graphs),
+// "compute_ns" (the backend's compute and synchronize) and "copy_ns" (tensor data in and out);
+// the rest of host_ns is the dispatcher's own work. This is the profile bench/apir_remoting.py
 // reads; through QEMU each command also pays a virtio kick, a host wake-up and a reply poll.
 //
 // APIR_LOOPBACK_DEVICE_TYPE=gpu: report the host device as a GPU. With the CPU target the
 // remote device is a CPU, which llama's tools hide; this lets llama-bench offload to it.
+//
+// APIR_LOOPBACK_NO_HOST_PTR=1: report that the host device cannot wrap host memory
+// (caps.buffer_from_host_ptr false), as a GPU with its own memory (CUDA) does. The CPU target's
+// buffers are then remote ones, whose tensor data crosses as commands (SET_TENSOR, GET_TENSOR,
+// or with the graph), instead of shared pages the guest reads and writes directly.
 
 #include "virtgpu.h"
 #include "ggml-remoting.h"
@@ -54,11 +62,13 @@ struct callbacks {
 
 using init_fn     = uint32_t (*)(uint32_t, callbacks *);
 using dispatch_fn = uint32_t (*)(uint32_t, callbacks *, uint32_t, char *, const char *, char *, const char *, char **);
+using profile_fn  = void (*)(uint64_t *, uint64_t *, uint64_t *);
 
 std::mutex                  g_lock;
 std::map<uint32_t, void *>  g_resources;
 std::atomic<uint32_t>       g_next_res_id{ 1 };
 dispatch_fn                 g_dispatch = nullptr;
+profile_fn                  g_profile  = nullptr;  // optional: hosts from patch 0008 on
 
 // The profile: one slot per forwarded command, then HANDSHAKE and LOADLIBRARY.
 constexpr int STAT_HANDSHAKE   = APIR_BACKEND_DISPATCH_TABLE_COUNT;
@@ -71,6 +81,9 @@ struct command_stats {
     uint64_t encode_ns = 0;
     uint64_t host_ns   = 0;
     uint64_t reply_ns  = 0;
+    uint64_t decode_ns  = 0;
+    uint64_t compute_ns = 0;
+    uint64_t copy_ns    = 0;
 };
 
 std::mutex    g_stats_lock;
@@ -79,6 +92,10 @@ const char *  g_stats_path = getenv("APIR_LOOPBACK_STATS");
 const bool    g_device_is_gpu = [] {
     const char * v = getenv("APIR_LOOPBACK_DEVICE_TYPE");
     return v && strcmp(v, "gpu") == 0;
+}();
+const bool g_no_host_ptr = [] {
+    const char * v = getenv("APIR_LOOPBACK_NO_HOST_PTR");
+    return v && strcmp(v, "1") == 0;
 }();
 
 // Per thread: when the current command was prepared, and the command whose reply is being read.
@@ -132,9 +149,15 @@ void write_stats() {
         }
         fprintf(f,
                 "%s\n  \"%s\": {\"n\": %llu, \"cmd_bytes\": %llu, \"encode_ns\": %llu, \"host_ns\": %llu, "
-                "\"reply_ns\": %llu}",
+                "\"reply_ns\": %llu",
                 first ? "" : ",", stat_name(i), (unsigned long long) s.n, (unsigned long long) s.cmd_bytes,
                 (unsigned long long) s.encode_ns, (unsigned long long) s.host_ns, (unsigned long long) s.reply_ns);
+        if (g_profile) {
+            fprintf(f, ", \"decode_ns\": %llu, \"compute_ns\": %llu, \"copy_ns\": %llu",
+                    (unsigned long long) s.decode_ns, (unsigned long long) s.compute_ns,
+                    (unsigned long long) s.copy_ns);
+        }
+        fprintf(f, "}");
         first = false;
     }
     fprintf(f, "\n}}\n");
@@ -203,6 +226,7 @@ uint32_t host_load_library() {
     }
     auto init = (init_fn) dlsym(handle, "apir_backend_initialize");
     g_dispatch = (dispatch_fn) dlsym(handle, "apir_backend_dispatcher");
+    g_profile  = (profile_fn) dlsym(handle, "apir_backend_profile");
     if (!init || !g_dispatch) {
         return APIR_LOAD_LIBRARY_SYMBOL_MISSING;
     }
@@ -216,8 +240,8 @@ uint32_t host_load_library() {
 
 // One command, as the host handles it: the reply goes into the reply resource after its
 // 4-byte notification word, which carries the return value + 1.
-// Returns the command's profile slot (-1: none).
-int host_handle(const char * cmd, const char * cmd_end) {
+// Returns the command's profile slot (-1: none); split: the host's decode, compute, copy ns.
+int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
     const char * cur      = cmd;
     int32_t      cmd_type = (int32_t) read_u32(cur, cmd_end);
     uint32_t     flags    = read_u32(cur, cmd_end);
@@ -247,12 +271,26 @@ int host_handle(const char * cmd, const char * cmd_end) {
             if (!g_dispatch) {
                 ret = APIR_FORWARD_NO_DISPATCH_FCT;
             } else {
-                char * after = enc;
+                char *   after = enc;
+                uint64_t before[3] = { 0, 0, 0 };
+                if (g_profile && g_stats_path) {
+                    g_profile(&before[0], &before[1], &before[2]);
+                }
                 ret = APIR_FORWARD_BASE_INDEX +
                       g_dispatch(LOOPBACK_CTX_ID, &g_callbacks, flags, (char *) cur, cmd_end, enc, enc_end, &after);
+                if (g_profile && g_stats_path) {
+                    g_profile(&split[0], &split[1], &split[2]);
+                    for (int k = 0; k < 3; k++) {
+                        split[k] -= before[k];
+                    }
+                }
                 if (flags == APIR_COMMAND_TYPE_DEVICE_GET_TYPE && g_device_is_gpu && after >= enc + sizeof(uint32_t)) {
                     uint32_t gpu_type = GGML_BACKEND_DEVICE_TYPE_GPU;
                     memcpy(enc, &gpu_type, sizeof(gpu_type));
+                }
+                // The reply is five bools of 4 bytes each: async, host_buffer, buffer_from_host_ptr, ...
+                if (flags == APIR_COMMAND_TYPE_DEVICE_GET_PROPS && g_no_host_ptr && after >= enc + 12) {
+                    memset(enc + 8, 0, 4);
                 }
             }
             slot = flags < (uint32_t) APIR_BACKEND_DISPATCH_TABLE_COUNT ? (int) flags : -1;
@@ -315,11 +353,12 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
     UNUSED(max_wait_ms);
     auto * notif = (std::atomic_uint *) gpu->reply_shmem.mmap_ptr;
     notif->store(0);
+    uint64_t split[3] = { 0, 0, 0 };
     if (!g_stats_path) {
-        host_handle(enc->start, enc->cur);
+        host_handle(enc->start, enc->cur, split);
     } else {
         uint64_t sent = now_ns();
-        int      slot = host_handle(enc->start, enc->cur);
+        int      slot = host_handle(enc->start, enc->cur, split);
         uint64_t done = now_ns();
         if (slot >= 0) {
             std::lock_guard<std::mutex> hold(g_stats_lock);
@@ -328,6 +367,9 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
             s.cmd_bytes += (uint64_t) (enc->cur - enc->start);
             s.encode_ns += sent - t_prepared_ns;
             s.host_ns += done - sent;
+            s.decode_ns += split[0];
+            s.compute_ns += split[1];
+            s.copy_ns += split[2];
         }
         t_reply_slot = slot;
         t_replied_ns = done;

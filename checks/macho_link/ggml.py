@@ -1,6 +1,6 @@
 """libggml-virtgpu-backend and libggml-base, the darwin C++ libraries of the APIR bundle that need no
 Apple framework, cross-built for aarch64-macos with zig from the pinned llama.cpp (the verified
-PyPI sdist's vendored tree) with the Nix recipe's cmake flags, patches 0003 and 0005 applied as in Nix. Metal
+PyPI sdist's vendored tree) with the Nix recipe's cmake flags and host patches applied as in Nix. Metal
 is off here (it needs Apple's frameworks): only a Mac builds libggml-metal."""
 
 from __future__ import annotations
@@ -16,7 +16,10 @@ from . import macho, toolchain, trees
 
 # The host-side patches, as nix/pkgs/ggml-virtgpu-backend.nix applies them.
 PATCHES = ("patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
-           "patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
+           "patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
+           "patches/llama.cpp/0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
+           "patches/llama.cpp/0008-ggml-virtgpu-backend-graph-run.patch",
+           "patches/llama.cpp/0009-ggml-virtgpu-backend-zero-new-buffers.patch")
 OFFLINE = "patches/cmake/ggml-virtgpu-offline.cmake"
 TARGETS = ("ggml-base", "ggml-virtgpu-backend")
 # nix/lib/ggml.nix cmakeFlags "metal", Metal off (tests/macho compares them with `nix eval`).

@@ -51,9 +51,15 @@ _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
 # Our host-side fixes to the APIR backend (patches/llama.cpp/), applied to a copy of the tree by every
 # build of it: ggml builds here, the route's chroot build, the loopback, Nix. 0003: buffers are freed
 # through ggml (the exit double free); 0005: the decoded graph is reused while the guest sends the
-# same bytes, and the previous one freed (it leaked a ggml context per token).
+# same bytes, and the previous one freed (it leaked a ggml context per token); 0006 + 0008: APIR 0.3,
+# GRAPH_RUN (a token's writes and its graph, or the graph's uid, in one round trip; 0006 is shared
+# with the guest series, which must be 0.3 too); 0009: buffers zeroed when allocated (ggml-cuda's
+# padding of quantized rows, which its init_tensor would zero, is never initialized otherwise).
 HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
-                "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch")
+                "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
+                "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
+                "0008-ggml-virtgpu-backend-graph-run.patch",
+                "0009-ggml-virtgpu-backend-zero-new-buffers.patch")
 
 
 @dataclass(frozen=True)

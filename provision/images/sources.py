@@ -150,10 +150,13 @@ def apir_protocol(tree: Path, pin_set: pins.Pins | None = None) -> tuple[int, in
     version = (found["MAJOR"], found["MINOR"])
     pin_set = pin_set or pins.default()
     pinned = pinned_protocol(pin_set)
-    if version != pinned:
+    # The tree as pinned (no patches: the guest variant) says the upstream minor; patched with our
+    # series (0006), the series' minor. Either is the pinned source; anything else is not.
+    upstream = (pinned[0], int(pin_set.source(LLAMA_PIN)["apir_protocol"]["upstream_minor"]))
+    if version not in (pinned, upstream):
         raise SourceUnavailable(
             f"{header}: APIR protocol {version[0]}.{version[1]}, but sources.{LLAMA_PIN}.apir_protocol "
-            f"in {pin_set.path} says {pinned[0]}.{pinned[1]}",
+            f"in {pin_set.path} says {pinned[0]}.{pinned[1]} (upstream {upstream[0]}.{upstream[1]})",
             fix=f"update sources.{LLAMA_PIN}.apir_protocol in {pin_set.path} together with the source pin",
         )
     return version

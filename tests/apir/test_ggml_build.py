@@ -105,7 +105,10 @@ def test_pip_download_fetches_the_sdist_only():
 def test_pinned_tree_carries_the_pinned_apir_protocol():
     tree = sources.llama_cpp_tree()
     assert not (tree / ".git").exists()
-    assert sources.apir_protocol(tree) == apir.guest_protocol() == (0, 2)
+    # The tree as pinned says upstream's 0.2; our series (patch 0006) makes every build of it 0.3.
+    assert sources.apir_protocol(tree) == (0, 2) and apir.guest_protocol() == (0, 3)
+    patched = builds.patched_tree(tree, ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",), "test")
+    assert sources.apir_protocol(patched) == (0, 3)
 
 
 def test_protocol_in_a_tree_that_disagrees_with_the_pin_is_refused(tmp_path):
@@ -121,9 +124,9 @@ def test_protocol_check_warns_on_minor_and_fails_on_major_mismatch():
     warn = apir.protocol_check((0, 2), (0, 1))
     assert warn.status == "warn" and "0.2" in warn.evidence and "0.1" in warn.evidence
     assert apir.protocol_check((1, 0), (0, 1)).status == "fail"
-    # Today's pins: guest llama.cpp 0.2, host virglrenderer MR 1590 0.1.
+    # Today's pins: guest llama.cpp 0.3 (our series), host virglrenderer MR 1590 0.1.
     assert apir.protocol_check().status == "warn"
-    assert apir.parse_protocol(apir.format_protocol(apir.guest_protocol())) == (0, 2)
+    assert apir.parse_protocol(apir.format_protocol(apir.guest_protocol())) == (0, 3)
 
 
 def test_protocol_command_prints_the_image_label(capsys):
@@ -131,7 +134,7 @@ def test_protocol_command_prints_the_image_label(capsys):
 
     assert main(["apir", "protocol", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["data"]
-    assert out["label"] == {"krun-gpu.apir.protocol": "0.2"} and out["check"]["status"] == "warn"
+    assert out["label"] == {"krun-gpu.apir.protocol": "0.3"} and out["check"]["status"] == "warn"
 
 
 def test_dry_run_prints_the_plan_without_building(capsys):
@@ -152,7 +155,7 @@ def test_ggml_build_command_reuses_the_cached_host_build(capsys):
     out = json.loads(capsys.readouterr().out)["data"]
     bin_dir = Path(out["bin_dir"])
     assert (bin_dir / "libggml-virtgpu-backend.so").exists() and (bin_dir / "libggml-cpu.so").exists()
-    assert out["manifest"]["apir_protocol"] == [0, 2] and out["manifest"]["targets"] == ["ggml-virtgpu-backend",
+    assert out["manifest"]["apir_protocol"] == [0, 3] and out["manifest"]["targets"] == ["ggml-virtgpu-backend",
                                                                                          "ggml-cpu"]
     assert not list(bin_dir.parent.parent.glob(f".{out['key']}-*")), "a staging directory was left behind"
 

@@ -239,12 +239,15 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
     assert "-DGGML_VULKAN:BOOL=FALSE" in flags and "-DGGML_CUDA:BOOL=FALSE" in flags
     assert darwin["ninjaFlags"] == ["ggml-virtgpu-backend", "ggml-metal"]
     # review 2, items 5 and 8: no BLAS (Apple turns it on and fails without Accelerate), no common/app
-    # targets (as the Linux recipe), and the host-side patches 0003 and 0005 applied as on Linux
+    # targets (as the Linux recipe), and the host-side patches applied as on Linux
     for flag in ("-DGGML_BLAS:BOOL=FALSE", "-DLLAMA_BUILD_COMMON:BOOL=FALSE", "-DLLAMA_BUILD_APP:BOOL=FALSE"):
         assert flag in flags
     patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
     assert [store_basename(p) for p in patches] == ["0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
-                                                    "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch"]
+                                                    "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
+                                                    "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
+                                                    "0008-ggml-virtgpu-backend-graph-run.patch",
+                                                    "0009-ggml-virtgpu-backend-zero-new-buffers.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 

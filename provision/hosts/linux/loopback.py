@@ -110,7 +110,7 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"cp -r {q(where.llama)}/ggml {w}/src/ && mkdir -p {w}/src/tests",
         f"cp {q(where.llama)}/tests/test-backend-ops.cpp {w}/src/tests/",
         *(f"patch -d {w}/src -p1 --forward --batch -i {q(where.patches + '/' + p)}"
-          for p in [*patches, *host_patches]),
+          for p in dict.fromkeys([*patches, *host_patches])),  # 0006 is in both series: once
         # The host library, from the same patched tree (the host-tools one is unpatched).
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} -I{front}/.. "
         + " ".join(f"{front}/backend/{s}" for s in BACKEND_SOURCES)
@@ -126,6 +126,9 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
         f"{w}/src/ggml/src/ggml-backend-reg.cpp {w}/src/ggml/src/ggml-backend-dl.cpp "
         f"-o {b}/libggml.so -L{lib} -lggml-base {links} {rpath}",
+        # A llama-like decode loop checked value by value (APIR 0.3: inputs with the graph, the graph by uid).
+        f"g++ -std=c++17 -O1 {inc} {loop}/graph-run-check.cpp -o {b}/graph-run-check -L{b} -L{lib} -lggml "
+        f"-lggml-base {rpath}",
         # The test program is one large file that does not change with our patches: compile once.
         f"test -f {w}/test-backend-ops.o || g++ -std=c++17 -O1 -c {inc} {w}/src/tests/test-backend-ops.cpp "
         f"-o {w}/test-backend-ops.o",
