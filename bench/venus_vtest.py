@@ -39,13 +39,23 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from provision.cli.output import table  # noqa: E402
-from provision.core.errors import BenchGateFailed, HostToolsMissing, InvalidValue, exit_as_cli  # noqa: E402
+from provision.core.errors import (  # noqa: E402
+    BenchGateFailed,
+    HostToolsMissing,
+    InvalidValue,
+    ProvisionError,
+    exit_as_cli,
+)
 from provision.hosts.linux import vtest  # noqa: E402
 
 PROMPT = "t1 t2 t3"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EVAL = re.compile(r"^\S*\s+eval time =\s+[\d.]+ ms /\s+(\d+) runs", re.M)
+_EVAL = re.compile(r"\beval time =\s+[\d.]+ ms /\s+(\d+) runs")
 TICK = os.sysconf("SC_CLK_TCK")
+# x86-64 system call numbers a waiting thread sits in (/proc/PID/task/TID/syscall's first field).
+SYSCALLS = {0: "read", 1: "write", 7: "poll", 16: "ioctl", 24: "sched_yield", 35: "nanosleep", 44: "sendto",
+            45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 202: "futex", 230: "clock_nanosleep", 232: "epoll_wait",
+            271: "ppoll", 281: "epoll_pwait"}
 
 
 def log(msg: str) -> None:
@@ -59,8 +69,13 @@ class Sampler:
     def __init__(self, roots: Mapping[str, int]) -> None:
         self.roots = dict(roots)
         self.last: dict[int, tuple[str, float, int]] = {}
+        self.role: dict[int, str] = {}
+        # Where each thread of each role is at each sample: running, or the system call it waits in
+        # (a poor man's profiler: no perf on the lent machine).
+        self.states: dict[str, dict[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._fast = threading.Thread(target=self._sample_loop, daemon=True)
 
     @staticmethod
     def _read(pid: int) -> tuple[int, float, int] | None:
@@ -90,21 +105,50 @@ class Sampler:
         for pid, name in role.items():
             if pid in table_:
                 self.last[pid] = (name, table_[pid][1], table_[pid][2])
+        self.role = {pid: name for pid, name in role.items() if pid in table_}
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             self._scan()
             self._stop.wait(0.05)
 
+    def _sample(self) -> None:
+        for pid, name in list(self.role.items()):
+            r = self._read(pid)  # the totals too: a client's last values before it exits
+            if r is not None:
+                self.last[pid] = (name, r[1], r[2])
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            counts = self.states.setdefault(name, {})
+            for tid in tids:
+                try:
+                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+                    state = stat[stat.rindex(")") + 2]
+                    what = "running" if state == "R" else Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
+                except (OSError, ValueError, IndexError):
+                    continue
+                if what.isdigit():
+                    what = SYSCALLS.get(int(what), f"syscall {what}")
+                counts[what] = counts.get(what, 0) + 1
+
+    def _sample_loop(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(0.002)
+
     def __enter__(self) -> Sampler:
         self._scan()
         self.start = dict(self.last)
         self._thread.start()
+        self._fast.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self._fast.join()
 
     def totals(self) -> dict[str, dict[str, float]]:
         out: dict[str, dict[str, float]] = {}
@@ -117,8 +161,9 @@ class Sampler:
 
 
 class Run:
-    def __init__(self, place: vtest.Place, target: str, model: Path, log_dir: Path) -> None:
+    def __init__(self, place: vtest.Place, target: str, model: Path, log_dir: Path, timeout: float = 600) -> None:
         self.place, self.target, self.model, self.log_dir = place, target, model, log_dir
+        self.timeout = timeout
         self.server: subprocess.Popen[bytes] | None = None
 
     def start_server(self) -> None:
@@ -149,13 +194,14 @@ class Run:
     def client(self, program: str, args: Sequence[str], via_venus: bool, timeout: float, vn_perf: str = "",
                sample: bool = False) -> dict[str, Any]:
         if via_venus and (self.server is None or self.server.poll() is not None):
-            raise HostToolsMissing(f"the vtest server is gone: {(self.log_dir / 'vtest-server.log').read_text()[-1500:]}",
+            raise HostToolsMissing(f"the vtest server is gone: {server_tail(self.log_dir)[-1500:]}",
                                    fix="read the server log named above")
         env = vtest.client_env(self.place, via_venus, vn_perf)
         argv, full_env = self.place.command(program, args, env)
         t = time.monotonic()
+        # A synthetic model's tokens need not be valid UTF-8: compared as replaced text, both sides alike.
         proc = subprocess.Popen(argv, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                cwd=self.place.cwd())
+                                encoding="utf-8", errors="replace", cwd=self.place.cwd())
         roots = {"client": proc.pid}
         if via_venus and self.server is not None:
             roots["server"] = self.server.pid
@@ -180,13 +226,13 @@ class Run:
                                    f"{err[-2000:]}", fix="read the error above and the vtest server's log")
         dev = vtest.expect(err, self.target, via_venus)
         return {"stdout": out, "stderr": err, "wall_s": wall, "device": dev.name, "driver": dev.driver,
-                "profile": sampler.totals() if sampler else {}}
+                "profile": sampler.totals() if sampler else {}, "states": sampler.states if sampler else {}}
 
     def bench(self, test: Sequence[str], via_venus: bool, reps: int, vn_perf: str = "",
               sample: bool = False) -> dict[str, Any]:
         args = ["-m", self.place.path(self.model), "-dev", "Vulkan0", "-ngl", "99", *test, "-r", str(reps),
                 "-o", "jsonl"]
-        r = self.client(vtest.LLAMA_BENCH, args, via_venus, 600, vn_perf, sample)
+        r = self.client(vtest.LLAMA_BENCH, args, via_venus, self.timeout, vn_perf, sample)
         recs = [json.loads(line) for line in r["stdout"].splitlines() if line.startswith("{")]
         if not recs:
             raise HostToolsMissing(f"llama-bench wrote no record: {r['stderr'][-1500:]}", fix="read the error above")
@@ -194,12 +240,12 @@ class Run:
         return {"ts": round(float(rec["avg_ts"]), 2), "sd": round(float(rec["stddev_ts"]), 2),
                 "samples_ts": rec.get("samples_ts"), "device": r["device"], "driver": r["driver"],
                 "gpu_info": rec.get("gpu_info"), "backends": rec.get("backends"), "wall_s": round(r["wall_s"], 3),
-                "profile": r["profile"]}
+                "profile": r["profile"], "states": r["states"]}
 
     def greedy(self, via_venus: bool, n: int) -> dict[str, Any]:
         args = ["-m", self.place.path(self.model), "-dev", "Vulkan0", "-ngl", "99", "-p", PROMPT, "-n", str(n),
-                "--temp", "0", "-s", "1", "--no-warmup", "-no-cnv"]
-        r = self.client(vtest.COMPLETION, args, via_venus, 600)
+                "--temp", "0", "-s", "1", "--no-warmup", "-no-cnv", "-v"]  # -v: the device it loads onto
+        r = self.client(vtest.COMPLETION, args, via_venus, self.timeout)
         runs = [int(x) for x in _EVAL.findall(r["stderr"])]
         text = ANSI.sub("", r["stdout"]).strip()
         return {"text": text, "eval_runs": runs[-1] if runs else 0, "device": r["device"], "driver": r["driver"]}
@@ -212,11 +258,15 @@ def per_token(one: Mapping[str, Any], many: Mapping[str, Any], tokens: int) -> d
         o = one["profile"].get(name, {"cpu_s": 0.0, "syscalls": 0})
         out[name] = {"cpu_us": round((row["cpu_s"] - o["cpu_s"]) / tokens * 1e6, 1),
                      "syscalls": round((row["syscalls"] - o["syscalls"]) / tokens, 2)}
+    # Thread samples of the extra tokens alone (the longer run's minus the shorter's), by role.
+    out["samples"] = {role: {k: n - one.get("states", {}).get(role, {}).get(k, 0) for k, n in sorted(
+        states.items(), key=lambda kv: -kv[1])} for role, states in many.get("states", {}).items()}
     return out
 
 
-def measure(run: Run, tests: Mapping[str, list[str]], reps: int, vn_perf: Sequence[str]) -> dict[str, Any]:
-    results: dict[str, Any] = {}
+def measure(run: Run, tests: Mapping[str, list[str]], reps: int, vn_perf: Sequence[str],
+            results: dict[str, Any]) -> dict[str, Any]:
+    """Fills ``results`` as it goes, so a failure later keeps what was measured."""
     for test, argv in tests.items():
         tokens = int(argv[argv.index("-n") + 1]) or int(argv[argv.index("-p") + 1])
         results[test] = {}
@@ -225,7 +275,8 @@ def measure(run: Run, tests: Mapping[str, list[str]], reps: int, vn_perf: Sequen
             many = run.bench(argv, venus, reps, sample=True)
             many["per_token"] = per_token(one, many, (reps - 1) * tokens)
             results[test][name] = many
-            log(f"{test} {name}: {many['ts']} t/s on {many['device']} ({many['driver']}), per token {many['per_token']}")
+            log(f"{test} {name}: {many['ts']} t/s on {many['device']} ({many['driver']}), "
+                f"per token {many['per_token']}")
         n, v = results[test]["native"]["ts"], results[test]["venus"]["ts"]
         results[test]["ratio"] = round(v / n, 3) if n else None
     if vn_perf:
@@ -250,12 +301,20 @@ def render(report: Mapping[str, Any]) -> str:
     for test, r in report["results"].items():
         prof = r["venus"]["per_token"]
         lines.append(f"{test} through Venus, per token: " + ", ".join(
-            f"{k} {v['cpu_us']} us CPU / {v['syscalls']} syscalls" for k, v in prof.items() if isinstance(v, dict)))
+            f"{k} {v['cpu_us']} us CPU / {v['syscalls']} syscalls" for k, v in prof.items()
+            if isinstance(v, dict) and "cpu_us" in v))
+        for role, states in prof.get("samples", {}).items():
+            lines.append(f"  {role} threads sampled: " + ", ".join(f"{k} {n}" for k, n in list(states.items())[:6]))
         if "vn_perf" in r:
             lines.append(f"{test} VN_PERF: " + ", ".join(f"{k} {v} t/s" for k, v in r["vn_perf"].items()))
     g = report["greedy"]
     lines.append(f"greedy {g['tokens']} tokens: {'same' if g['same'] else 'DIFFERENT'} text natively and through Venus")
     return "\n".join(lines)
+
+
+def server_tail(work: Path) -> str:
+    f = work / "vtest-server.log"
+    return f.read_text(errors="replace")[-4000:] if f.exists() else ""
 
 
 def write_whole(path: Path, text: str) -> None:
@@ -277,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--greedy", type=int, default=12, help="tokens of the greedy run")
     p.add_argument("--vn-perf", default="", help="VN_PERF flags, comma-separated, each a tg run through Venus")
     p.add_argument("--work", type=Path, help="socket and logs (default: a temporary directory)")
+    p.add_argument("--client-timeout", type=float, default=600, help="seconds one llama.cpp process may take")
     p.add_argument("--json", type=Path, help="write the report here too")
     args = p.parse_args(argv)
     if args.repetitions < 2:
@@ -313,16 +373,25 @@ def main(argv: list[str] | None = None) -> int:
             from provision.hosts.linux import tools as host_tools
 
             place = vtest.chroot_place(host_tools.make(log=log).root, work, model.parent, args.target)
-        run = Run(place, args.target, model, work)
-        run.start_server()
+        run = Run(place, args.target, model, work, args.client_timeout)
+        results: dict[str, Any] = {}
+        greedy: dict[str, Any] = {}
         try:
+            run.start_server()
             tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
                      f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
-            results = measure(run, tests, args.repetitions, flags)
-            greedy = {name: run.greedy(venus, args.greedy) for name, venus in (("native", False), ("venus", True))}
+            measure(run, tests, args.repetitions, flags, results)
+            for name, venus in (("native", False), ("venus", True)):
+                greedy[name] = run.greedy(venus, args.greedy)
+        except ProvisionError as exc:
+            if args.json:  # what was measured before the failure, with the failure
+                write_whole(args.json, json.dumps({"target": args.target, "model": str(model), "results": results,
+                                                   "greedy": greedy, "error": exc.as_dict(), "server_log_tail":
+                                                   server_tail(work)}, indent=1) + "\n")
+            raise
         finally:
             run.stop_server()
-            server_log = (work / "vtest-server.log").read_text(errors="replace")[-4000:]
+        server_log = server_tail(work)
     first = next(iter(results.values()))
     same = greedy["native"]["text"] == greedy["venus"]["text"]
     report = {"target": args.target, "model": str(model), "repetitions": args.repetitions,

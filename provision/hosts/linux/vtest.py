@@ -43,6 +43,7 @@ TREE_VENUS_ICD = "usr/share/krun-gpu/icd.d/virtio_icd.json"
 # client libraries (seen on the H200, checks/h200-routes/run).
 DRIVER_COMPANIONS = tuple(p for p in bundle.DLOPENED if "/qemu/" not in p and "SDL" not in p)
 STAGE_STAMP = "vtest-tree.json"
+REBUILD = "rebuild the chroot: `provision host-tools --force` (virgl-server and llama.cpp-tools are pinned)"
 SOCKET = "venus.sock"
 
 # ggml-vulkan's line per device: "ggml_vulkan: 0 = NAME (DRIVER NAME) | uma: ...". The driver
@@ -66,6 +67,15 @@ def devices(stderr: str) -> list[Device]:
     return [seen[k] for k in sorted(seen)]
 
 
+# llama-completion (its log at -v) names the device it loads onto, without the driver.
+_USING = re.compile(r"using device (Vulkan\d+) \((.*)\) \([^()]*\) - ", re.M)
+
+
+def used(stderr: str) -> list[Device]:
+    seen = {int(m.group(1)[6:]): Device(int(m.group(1)[6:]), m.group(2), "") for m in _USING.finditer(stderr)}
+    return [seen[k] for k in sorted(seen)]
+
+
 # Per target: the native device's driver name and a word its device name holds.
 TARGETS = {"lavapipe": ("llvmpipe", "llvmpipe"), "nvidia": ("NVIDIA", "NVIDIA")}
 
@@ -75,7 +85,7 @@ def expect(stderr: str, target: str, via_venus: bool) -> Device:
     the target's device through Venus, the target's own driver natively. A process that saw
     another driver or none (ggml then runs on the CPU) is E007, not a number."""
     driver, word = TARGETS[target]
-    found = devices(stderr)
+    found = devices(stderr) or used(stderr)
     where = "through Venus" if via_venus else "natively"
     if len(found) != 1:
         raise GpuNotSupported(
@@ -83,8 +93,9 @@ def expect(stderr: str, target: str, via_venus: bool) -> Device:
             fix="check VK_DRIVER_FILES and the vtest server's log; no CPU fallback is measured",
         )
     dev = found[0]
-    ok = (dev.driver == "venus" and dev.name.startswith("Virtio-GPU Venus (") and word in dev.name) if via_venus \
-        else (dev.driver == driver and word in dev.name and "Venus" not in dev.name)
+    # A name alone (llama-completion's) is checked by name; llama-bench's line gives the driver too.
+    ok = (dev.driver in ("venus", "") and dev.name.startswith("Virtio-GPU Venus (") and word in dev.name) \
+        if via_venus else (dev.driver in (driver, "") and word in dev.name and "Venus" not in dev.name)
     if not ok:
         raise GpuNotSupported(
             f"{where}: the device is {dev.name!r} (driver {dev.driver!r}), not {target}"
@@ -166,7 +177,7 @@ def chroot_place(root: Path, work: Path, model_dir: Path, target: str = "lavapip
     missing = [p for p in PROGRAMS if not (root / p).exists()]
     if missing:
         raise HostToolsMissing(f"the host-tools chroot {root} lacks {', '.join(missing)}",
-                               fix="rebuild it: `provision host-tools --force` (virgl-server and llama.cpp-tools are pinned)")
+                               fix=REBUILD)
     if target != "lavapipe":
         raise GpuNotSupported(f"the host-tools chroot brings lavapipe only, not {target}",
                               fix="--target lavapipe here; --tree DIR (a staged tree) where the host has the driver")
@@ -196,7 +207,7 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
     lib.mkdir(parents=True)
     loader = bundle._resolve(root, f"{bundle.LIB}/{bundle.LOADER}")
     if loader is None:
-        raise HostToolsMissing(f"no {bundle.LOADER} in {root}", fix="rebuild the chroot: `provision host-tools --force`")
+        raise HostToolsMissing(f"no {bundle.LOADER} in {root}", fix=REBUILD)
     shutil.copyfile(loader, lib / bundle.LOADER)
     (lib / bundle.LOADER).chmod(0o755)
     for name, path in sorted(libs.items()):
@@ -208,7 +219,7 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
     for rel in PROGRAMS:
         src = bundle._resolve(root, rel)
         if src is None:
-            raise HostToolsMissing(f"{rel} is missing in {root}", fix="rebuild the chroot: `provision host-tools --force`")
+            raise HostToolsMissing(f"{rel} is missing in {root}", fix=REBUILD)
         real = f"{bundle.REAL}/{PurePosixPath(rel).name}"
         (tmp / real).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, tmp / real)
