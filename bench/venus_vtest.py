@@ -312,6 +312,20 @@ def render(report: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def server_root(tarball: Path | None) -> Path:
+    """The host-tools chroot with the patched vtest server built in it."""
+    from provision.core import pins
+    from provision.hosts.linux import vtest_server
+
+    if tarball is None:
+        name = pins.default().require("virglrenderer-apir", purpose="the vtest server")["upstream_tarball"]
+        tarball = REPO.parent / "shared" / "upstream" / str(name)
+    if not tarball.is_file():
+        raise InvalidValue(f"--virgl-tar {tarball}: no such file",
+                           fix="name the pinned virglrenderer tree's archive (pins.json virglrenderer-apir)")
+    return vtest_server.make(tarball.resolve(), log=log)
+
+
 def server_tail(work: Path) -> str:
     f = work / "vtest-server.log"
     return f.read_text(errors="replace")[-4000:] if f.exists() else ""
@@ -335,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-r", "--repetitions", type=int, default=3)
     p.add_argument("--greedy", type=int, default=12, help="tokens of the greedy run")
     p.add_argument("--vn-perf", default="", help="VN_PERF flags, comma-separated, each a tg run through Venus")
+    p.add_argument("--virgl-tar", type=Path, help="the pinned virglrenderer tree (default: the shared upstream copy)")
     p.add_argument("--work", type=Path, help="socket and logs (default: a temporary directory)")
     p.add_argument("--client-timeout", type=float, default=600, help="seconds one llama.cpp process may take")
     p.add_argument("--json", type=Path, help="write the report here too")
@@ -349,9 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         raise InvalidValue(f"--vn-perf {args.vn_perf!r}: flags are lower-case words (no_async_queue_submit,…)",
                            fix="--vn-perf no_async_queue_submit,no_cmd_batching")
     if args.stage is not None:
-        from provision.hosts.linux import tools as host_tools
-
-        vtest.stage(host_tools.make(log=log).root, args.stage.resolve(), log)
+        vtest.stage(server_root(args.virgl_tar), args.stage.resolve(), log)
         return 0
     if args.model is None:
         from provision.models import store
@@ -370,9 +383,7 @@ def main(argv: list[str] | None = None) -> int:
                                    fix="name the host driver's ICD JSON, e.g. /usr/share/vulkan/icd.d/nvidia_icd.json")
             place = vtest.tree_place(args.tree.resolve(), work, model.parent, icd, os.environ)
         else:
-            from provision.hosts.linux import tools as host_tools
-
-            place = vtest.chroot_place(host_tools.make(log=log).root, work, model.parent, args.target)
+            place = vtest.chroot_place(server_root(args.virgl_tar), work, model.parent, args.target)
         run = Run(place, args.target, model, work, args.client_timeout)
         results: dict[str, Any] = {}
         greedy: dict[str, Any] = {}

@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from provision.adapters.chroot import Chroot
 from provision.core.errors import GpuNotSupported, HostToolsMissing
-from provision.hosts.linux import bundle
+from provision.hosts.linux import bundle, vtest_server
 
 SERVER = "usr/bin/virgl_test_server"
 RENDER_SERVER = "usr/libexec/virgl_render_server"
@@ -134,10 +134,14 @@ class Place:
         return CHROOT_ICDS["venus"] if self.chroot else str(self.root / TREE_VENUS_ICD)
 
     def command(self, program: str, args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
-        """(argv, environment) that start ``program`` (a tree path such as ``LLAMA_BENCH``) here."""
+        """(argv, environment) that start ``program`` (a tree path such as ``LLAMA_BENCH``) here; in the
+        chroot the vtest server is our patched build (vtest_server.py), with its own library."""
         if self.chroot:
             ch = Chroot(self.root, {self.work: "/vtest", self.model_dir: "/models"})
-            return ch.argv(["/" + program, *args], env), {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+            real = vtest_server.INSTALLED.get(program, program)
+            if program in vtest_server.INSTALLED:
+                env = {**env, "LD_LIBRARY_PATH": "/" + vtest_server.LIB}
+            return ch.argv(["/" + real, *args], env), {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
         return [str(self.root / program), *args], {**self.base_env, **env}
 
     def cwd(self) -> Path:
@@ -149,8 +153,8 @@ class Place:
 def server_env(place: Place) -> dict[str, str]:
     """The vtest server's environment: the render server it starts sees the host driver alone."""
     env = {"VK_DRIVER_FILES": place.native_icd}
-    if not place.chroot:
-        env["RENDER_SERVER_EXEC_PATH"] = str(place.root / RENDER_SERVER)
+    env["RENDER_SERVER_EXEC_PATH"] = (
+        "/" + vtest_server.INSTALLED[RENDER_SERVER] if place.chroot else str(place.root / RENDER_SERVER))
     return env
 
 
@@ -174,7 +178,7 @@ def client_env(place: Place, via_venus: bool, vn_perf: str = "") -> dict[str, st
 
 
 def chroot_place(root: Path, work: Path, model_dir: Path, target: str = "lavapipe") -> Place:
-    missing = [p for p in PROGRAMS if not (root / p).exists()]
+    missing = [p for p in (vtest_server.INSTALLED.get(p, p) for p in PROGRAMS) if not (root / p).exists()]
     if missing:
         raise HostToolsMissing(f"the host-tools chroot {root} lacks {', '.join(missing)}",
                                fix=REBUILD)
@@ -201,8 +205,15 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
     shutil.rmtree(tmp, ignore_errors=True)
     backends = sorted(p.relative_to(root).as_posix() for p in (root / BACKENDS).glob("*.so"))
     companions = [p.relative_to(root).as_posix() for pat in DRIVER_COMPANIONS for p in sorted(root.glob(pat))]
-    starts = [*PROGRAMS, *backends, f"{bundle.LIB}/{VENUS_LIB}", *companions]
+    ours = f"{vtest_server.LIB}/libvirglrenderer.so.1"
+    programs = {rel: vtest_server.INSTALLED.get(rel, rel) for rel in PROGRAMS}
+    starts = [*programs.values(), ours, *backends, f"{bundle.LIB}/{VENUS_LIB}", *companions]
     libs = bundle.closure(root, starts)
+    # The patched server's virglrenderer, not sid's (which the closure finds by its soname).
+    found = bundle._resolve(root, ours)
+    if found is None:
+        raise HostToolsMissing(f"{ours} is missing in {root}", fix="build it: bench/venus_vtest.py does so first")
+    libs["libvirglrenderer.so.1"] = found
     lib = tmp / bundle.LIB
     lib.mkdir(parents=True)
     loader = bundle._resolve(root, f"{bundle.LIB}/{bundle.LOADER}")
@@ -216,8 +227,8 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
         src = bundle._resolve(root, rel)
         if src is not None and not (lib / PurePosixPath(rel).name).exists():
             shutil.copyfile(src, lib / PurePosixPath(rel).name)
-    for rel in PROGRAMS:
-        src = bundle._resolve(root, rel)
+    for rel, built_at in programs.items():
+        src = bundle._resolve(root, built_at)
         if src is None:
             raise HostToolsMissing(f"{rel} is missing in {root}", fix=REBUILD)
         real = f"{bundle.REAL}/{PurePosixPath(rel).name}"
