@@ -164,6 +164,7 @@ class Run:
     def __init__(self, place: vtest.Place, target: str, model: Path, log_dir: Path, timeout: float = 600) -> None:
         self.place, self.target, self.model, self.log_dir = place, target, model, log_dir
         self.timeout = timeout
+        self.extra_env: dict[str, str] = {}  # ggml settings for both sides alike (--ggml-env)
         self.server: subprocess.Popen[bytes] | None = None
 
     def start_server(self) -> None:
@@ -196,7 +197,7 @@ class Run:
         if via_venus and (self.server is None or self.server.poll() is not None):
             raise HostToolsMissing(f"the vtest server is gone: {server_tail(self.log_dir)[-1500:]}",
                                    fix="read the server log named above")
-        env = vtest.client_env(self.place, via_venus, vn_perf)
+        env = {**self.extra_env, **vtest.client_env(self.place, via_venus, vn_perf)}
         argv, full_env = self.place.command(program, args, env)
         t = time.monotonic()
         # A synthetic model's tokens need not be valid UTF-8: compared as replaced text, both sides alike.
@@ -318,11 +319,11 @@ def server_root(tarball: Path | None) -> Path:
     from provision.hosts.linux import vtest_server
 
     if tarball is None:
-        name = pins.default().require("virglrenderer-apir", purpose="the vtest server")["upstream_tarball"]
+        name = pins.default().require(vtest_server.PIN, purpose="the vtest server")["upstream_tarball"]
         tarball = REPO.parent / "shared" / "upstream" / str(name)
     if not tarball.is_file():
         raise InvalidValue(f"--virgl-tar {tarball}: no such file",
-                           fix="name the pinned virglrenderer tree's archive (pins.json virglrenderer-apir)")
+                           fix="name the pinned virglrenderer tree's archive (pins.json virglrenderer-vtest)")
     return vtest_server.make(tarball.resolve(), log=log)
 
 
@@ -351,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vn-perf", default="", help="VN_PERF flags, comma-separated, each a tg run through Venus")
     p.add_argument("--virgl-tar", type=Path, help="the pinned virglrenderer tree (default: the shared upstream copy)")
     p.add_argument("--work", type=Path, help="socket and logs (default: a temporary directory)")
+    p.add_argument("--ggml-env", action="append", default=[], metavar="GGML_VK_NAME=VALUE",
+                   help="a ggml-vulkan setting for both sides, e.g. GGML_VK_DISABLE_HOST_VISIBLE_VIDMEM=1")
     p.add_argument("--client-timeout", type=float, default=600, help="seconds one llama.cpp process may take")
     p.add_argument("--json", type=Path, help="write the report here too")
     args = p.parse_args(argv)
@@ -363,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     if any(not re.fullmatch(r"[a-z_]+", f) for f in flags):
         raise InvalidValue(f"--vn-perf {args.vn_perf!r}: flags are lower-case words (no_async_queue_submit,…)",
                            fix="--vn-perf no_async_queue_submit,no_cmd_batching")
+    extra = {}
+    for item in args.ggml_env:
+        name, _, value = item.partition("=")
+        if not re.fullmatch(r"GGML_VK_[A-Z0-9_]+", name) or not re.fullmatch(r"[A-Za-z0-9_.,-]*", value):
+            raise InvalidValue(f"--ggml-env {item!r}: not GGML_VK_NAME=VALUE", fix="--ggml-env GGML_VK_DISABLE_F16=1")
+        extra[name] = value
     if args.stage is not None:
         vtest.stage(server_root(args.virgl_tar), args.stage.resolve(), log)
         return 0
@@ -385,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             place = vtest.chroot_place(server_root(args.virgl_tar), work, model.parent, args.target)
         run = Run(place, args.target, model, work, args.client_timeout)
+        run.extra_env = extra
         results: dict[str, Any] = {}
         greedy: dict[str, Any] = {}
         try:
@@ -405,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         server_log = server_tail(work)
     first = next(iter(results.values()))
     same = greedy["native"]["text"] == greedy["venus"]["text"]
-    report = {"target": args.target, "model": str(model), "repetitions": args.repetitions,
+    report = {"target": args.target, "model": str(model), "repetitions": args.repetitions, "ggml_env": extra,
               "native_device": first["native"]["device"], "venus_device": first["venus"]["device"],
               "results": results,
               "greedy": {"tokens": args.greedy, "prompt": PROMPT, "same": same, **greedy},

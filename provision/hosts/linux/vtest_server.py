@@ -7,10 +7,11 @@ client waits for an answer forever (seen on lavapipe here and on the lent H200, 
 `patches/virglrenderer/vtest-pass-opaque-blob-fd.patch` passes such fds on; the client maps
 only what it asked to be mappable.
 
-Built from the pinned virglrenderer tree the APIR route already builds (pins
-``virglrenderer-apir``: its NAR hash checked, its fixes applied by apir/virglrenderer.py), with
-the pin's meson options (Venus on), in the host-tools chroot into ``/opt/virgl-vtest``, beside
-sid's own virglrenderer and without touching it.
+Built from pins ``virglrenderer-vtest`` (virglrenderer main of the 1.3.0 series, the
+version sid's virgl-server packages; its NAR hash checked by apir/virglrenderer.py's
+prepare_tree) with the pin's meson options (Venus on), in the host-tools chroot into
+``/opt/virgl-vtest``, beside sid's own virglrenderer and without touching it. The MR 1590 tree
+(1.2.0) was tried first: its Venus hid bf16 and cooperative matrices from ggml on the H200.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import hashlib
 import json
 import shlex
 import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from provision.adapters import runner
 from provision.adapters.chroot import Chroot
 from provision.apir import virglrenderer as virgl_apir
 from provision.core import layout, locks, paths
@@ -31,6 +32,7 @@ from provision.core.errors import BuildFailed
 from provision.hosts.linux import apir_host
 from provision.hosts.linux import tools as host_tools
 
+PIN = "virglrenderer-vtest"
 PREFIX = PurePosixPath("/opt/virgl-vtest")
 PATCH = "virglrenderer/vtest-pass-opaque-blob-fd.patch"
 STAMP = ".provision-virgl-vtest.json"
@@ -64,14 +66,14 @@ def wanted(pins: pins_mod.Pins, pin: pins_mod.SourcePin) -> dict[str, object]:
 def built(root: Path, pins: pins_mod.Pins | None = None) -> bool:
     pins = pins or pins_mod.default()
     stamp = root / PREFIX.relative_to("/") / STAMP
-    pin = pins.require(virgl_apir.PIN, purpose="the vtest server")
+    pin = pins.require(PIN, purpose="the vtest server")
     return stamp.is_file() and json.loads(stamp.read_text()) == wanted(pins, pin)
 
 
 def make(tarball: Path, *, jobs: int = 2, log: Callable[[str], None] = print) -> Path:
     """The chroot root, with the patched vtest server in /opt/virgl-vtest (built once per pin and patch)."""
     pins = pins_mod.default()
-    pin = pins.require(virgl_apir.PIN, purpose="the vtest server")
+    pin = pins.require(PIN, purpose="the vtest server")
     tree = virgl_apir.prepare_tree(tarball, pin)  # hash-checked, fixes applied; shared with the APIR build
     tools = host_tools.make(pins, log=log)
     want = wanted(pins, pin)
@@ -83,11 +85,9 @@ def make(tarball: Path, *, jobs: int = 2, log: Callable[[str], None] = print) ->
         src = paths.cache_dir("virgl-vtest") / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(tree, src, symlinks=True)
-        proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i",
-                               str(layout.patches_dir() / PATCH)], capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise BuildFailed(f"{PATCH} does not apply to virglrenderer {pin['rev'][:12]}: {proc.stdout[-800:]}",
-                              fix="refresh the patch against the pinned tree")
+        runner.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i", str(layout.patches_dir() / PATCH)],
+                   error=BuildFailed, what=f"{PATCH} on virglrenderer {pin['rev'][:12]}",
+                   fix="refresh the patch against the pinned tree", missing_fix="install patch")
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         ch = Chroot(tools.root)
         host_tools._run(ch.argv(["apt-get", "install", "-y", "-q", *apir_host.build_packages(pins)], env), log)
