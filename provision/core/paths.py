@@ -23,6 +23,7 @@ LAYOUT: dict[str, str] = {
     "contexts": "podman build contexts, one per stack and content key (images/build.py)",
     "ggml": "cached ggml builds, one per variant and key (apir/builds.py)",
     "virgl-apir": "the virglrenderer-APIR mirror, sources and chroot build (apir/virglrenderer.py, hosts/linux/apir)",
+    "virgl-vtest": "the patched vtest server's source copy and chroot build (hosts/linux/vtest_server.py)",
     "apir-loopback": "the APIR loopback's work directory in the host-tools chroot",
     "apir-loopback-host": "the APIR loopback's work directory on the host",
     "host-tools": "the sid chroots with QEMU + virglrenderer, one per pin key; bundle/ (hosts/linux/tools.py)",

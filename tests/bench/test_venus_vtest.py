@@ -1,0 +1,127 @@
+"""bench/venus_vtest.py: Venus over vtest against the host driver (issue 40).
+
+The fast tests check how a run's device is recognised (Venus on the target, or the target's
+own driver, never a CPU fallback) and how the per-token profile is made. The slow one runs the
+bench on lavapipe in the host-tools chroot, through our patched vtest server: the gate is
+correctness only, the same greedy text natively and through Venus.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from provision.core.errors import GpuNotSupported
+from provision.hosts.linux import vtest, vtest_server
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "bench" / "venus_vtest.py"
+
+# ggml-vulkan's device lines as the lent H200 and lavapipe printed them (2026-12-03).
+VENUS_H200 = ("ggml_vulkan: 0 = Virtio-GPU Venus (NVIDIA H200) (venus) | uma: 0 | fp16: 1 | bf16: 1 | fp4: 0 | "
+              "warp size: 32 | shared memory: 49152 | int dot: 1 | matrix cores: KHR_coopmat\n")
+NATIVE_H200 = "ggml_vulkan: 0 = NVIDIA H200 (NVIDIA) | uma: 0 | fp16: 1 | bf16: 1 | warp size: 32\n"
+LAVAPIPE = "ggml_vulkan: 0 = llvmpipe (LLVM 22.1.8, 256 bits) (llvmpipe) | uma: 0 | fp16: 1 | bf16: 0\n"
+VENUS_LAVAPIPE = "ggml_vulkan: 0 = Virtio-GPU Venus (llvmpipe (LLVM 22.1.8, 256 bits)) (venus) | uma: 0 | fp16: 1\n"
+
+
+def load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("venus_vtest", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_device_lines_give_name_and_driver_once_per_device() -> None:
+    assert vtest.devices(VENUS_H200 + VENUS_H200) == [vtest.Device(0, "Virtio-GPU Venus (NVIDIA H200)", "venus")]
+    assert vtest.devices(LAVAPIPE)[0].name == "llvmpipe (LLVM 22.1.8, 256 bits)"
+    log = "I llama_prepare_model_devices: using device Vulkan0 (Virtio-GPU Venus (NVIDIA H200)) (unknown id) - 1 MiB\n"
+    assert vtest.used(log * 2) == [vtest.Device(0, "Virtio-GPU Venus (NVIDIA H200)", "")]
+
+
+@pytest.mark.parametrize(("stderr", "target", "venus"), [
+    (VENUS_H200, "nvidia", True), (NATIVE_H200, "nvidia", False),
+    (LAVAPIPE, "lavapipe", False), (VENUS_LAVAPIPE, "lavapipe", True),
+])
+def test_the_asked_device_is_accepted(stderr: str, target: str, venus: bool) -> None:
+    assert vtest.expect(stderr, target, venus).index == 0
+
+
+@pytest.mark.parametrize(("stderr", "target", "venus"), [
+    (VENUS_H200, "nvidia", False),  # Venus where the host driver was asked for
+    (NATIVE_H200, "nvidia", True),  # the host driver where Venus was asked for
+    (VENUS_LAVAPIPE, "nvidia", True),  # Venus on the wrong driver
+    ("ggml_vulkan: No devices found.\n", "nvidia", False),  # ggml would run on the CPU
+    (LAVAPIPE + LAVAPIPE.replace("0 =", "1 ="), "lavapipe", False),  # two drivers seen
+])
+def test_anything_else_is_e007_not_a_number(stderr: str, target: str, venus: bool) -> None:
+    with pytest.raises(GpuNotSupported) as exc:
+        vtest.expect(stderr, target, venus)
+    assert exc.value.code == "E007" and exc.value.fix
+
+
+def test_each_client_sees_one_driver_and_the_server_its_render_server(tmp_path: Path) -> None:
+    place = vtest.Place(Path("/chroot"), True, tmp_path, tmp_path / "m", vtest.CHROOT_ICDS["lavapipe"])
+    venus = vtest.client_env(place, True, "no_cmd_batching")
+    assert venus["VK_DRIVER_FILES"] == vtest.CHROOT_ICDS["venus"] and venus["VN_DEBUG"] == "vtest"
+    assert venus["VTEST_SOCKET_NAME"] == "/vtest/venus.sock" == place.socket
+    assert venus["VN_PERF"] == "no_cmd_batching"
+    assert vtest.client_env(place, False)["VK_DRIVER_FILES"] == vtest.CHROOT_ICDS["lavapipe"]
+    assert "VN_DEBUG" not in vtest.client_env(place, False)
+    server = vtest.server_env(place)
+    assert server["RENDER_SERVER_EXEC_PATH"] == "/" + vtest_server.INSTALLED[vtest.RENDER_SERVER]
+    assert vtest.server_args(place)[:3] == ["--venus", "--no-virgl", "--multi-clients"]
+    argv, _ = place.command(vtest.SERVER, ["--venus"], server)
+    assert "/" + vtest_server.INSTALLED[vtest.SERVER] in argv and f"LD_LIBRARY_PATH=/{vtest_server.LIB}" in argv
+
+
+def test_per_token_is_the_difference_of_the_two_runs() -> None:
+    mod = load()
+    one = {"wall_s": 1.0, "profile": {"client": {"cpu_s": 0.5, "syscalls": 100}},
+           "states": {"client": {"futex": 10, "running": 5}}}
+    many = {"wall_s": 3.0, "profile": {"client": {"cpu_s": 1.5, "syscalls": 300}},
+            "states": {"client": {"futex": 50, "running": 5}}}
+    got = mod.per_token(one, many, 1000)
+    assert got["wall_us"] == 2000.0 and got["client"] == {"cpu_us": 1000.0, "syscalls": 0.2}
+    assert got["samples"]["client"] == {"futex": 40, "running": 0}
+
+
+def test_bad_input_is_a_coded_error_not_a_traceback() -> None:
+    for args in (["-r", "1"], ["--vn-perf", "x;rm"], ["--model", "/nonexistent.gguf"]):
+        proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False)
+        assert proc.returncode != 0 and "E003" in proc.stderr and "fix:" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.root
+# Venus over vtest on lavapipe runs (pp and tg) but greedy decoding gives '#' tokens where the native
+# run gives text (2026-12-03, bench/results/venus-vtest.md); strict, so the fix turns this red.
+@pytest.mark.xfail(strict=True, reason="Venus over vtest on lavapipe computes wrong logits (issue 40)")
+def test_lavapipe_through_venus_gives_the_same_greedy_tokens_as_natively(tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "-p", "32", "-n", "8", "-r", "2", "--greedy", "12",
+                           "--work", str(tmp_path / "w"), "--json", str(out)],
+                          capture_output=True, text=True, timeout=3000, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["native_device"].startswith("llvmpipe")
+    assert report["venus_device"].startswith("Virtio-GPU Venus (llvmpipe")
+    for test in ("pp32", "tg8"):
+        r = report["results"][test]
+        assert r["native"]["driver"] == "llvmpipe" and r["venus"]["driver"] == "venus"
+        assert r["native"]["ts"] > 0 and r["venus"]["ts"] > 0
+        # the Venus run went through the server: its render server did work for it
+        assert r["venus"]["profile"]["render"]["cpu_s"] > 0
+    g = report["greedy"]
+    assert g["same"] and g["native"]["eval_runs"] >= 1 and g["venus"]["eval_runs"] == g["native"]["eval_runs"]
+    assert g["venus"]["text"].replace("\u2581", " ").strip().startswith("t1 t2 t3")
+    assert "ERROR_COMMAND_DISPATCH" not in report["server_log_tail"]
+    assert "greedy 12 tokens: same" in proc.stdout
