@@ -72,8 +72,14 @@ def cache_key(variant: Variant) -> str:
     pin = trees.pin_of(DARWIN_PIN)
     h = hashlib.sha256(
         json.dumps(
-            {"v": BUILD_VERSION, "variant": variant.__dict__, "rev": pin["rev"], "hash": pin["hash"],
-             "patches": _patches(variant), "flags": MESON_FLAGS},
+            {
+                "v": BUILD_VERSION,
+                "variant": variant.__dict__,
+                "rev": pin["rev"],
+                "hash": pin["hash"],
+                "patches": _patches(variant),
+                "flags": MESON_FLAGS,
+            },
             sort_keys=True,
         ).encode()
     )
@@ -120,6 +126,12 @@ def _build_into(root: Path, variant: Variant, upstream: Path, log: Path) -> None
     _run(["ninja", "-C", str(root / "build"), "-j2"], tree, log, "ninja")
 
 
+def _harness_command(root: Path, out: Path) -> list[str]:
+    lib = root / "build" / "src"
+    flags = [f"-I{root / 'src' / 'src'}", f"-I{lib}", f"-L{lib}", f"-Wl,-rpath,{lib}", "-lvirglrenderer", "-ldl"]
+    return ["cc", "-std=gnu11", "-Wall", "-Werror", "-o", str(out), str(HARNESS), *flags]
+
+
 def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Build:
     """The cached build of ``variant``, made once (in a scratch folder, then renamed into place)."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -145,17 +157,19 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
                 raise
         # linked where the library now lives (its rpath names that folder); written whole
         tmp = root / "replay.partial"
-        _run(
-            ["cc", "-std=gnu11", "-Wall", "-Werror", "-o", str(tmp), str(HARNESS), f"-I{root / 'src' / 'src'}",
-             f"-I{root / 'build' / 'src'}", f"-L{root / 'build' / 'src'}", f"-Wl,-rpath,{root / 'build' / 'src'}", "-lvirglrenderer", "-ldl"],
-            root, log, "the harness build",
-        )
+        _run(_harness_command(root, tmp), root, log, "the harness build")
         os.replace(tmp, root / "replay")
     return Build(variant, root)
 
 
-def run(build_: Build, route: str, *, expect_handle: str | None = None, env: dict[str, str] | None = None,
-        timeout: float = 120) -> dict[str, Any]:
+def run(
+    build_: Build,
+    route: str,
+    *,
+    expect_handle: str | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+) -> dict[str, Any]:
     """Run the harness; its calls (one JSON object each), its verdict and its stderr."""
     cmd = [str(build_.harness), route]
     if expect_handle:
@@ -176,5 +190,11 @@ def run(build_: Build, route: str, *, expect_handle: str | None = None, env: dic
             calls.append(obj)
         else:
             verdict = obj
-    return {"route": route, "variant": build_.variant.name, "returncode": proc.returncode, "calls": calls,
-            "ok": verdict.get("ok") is True and proc.returncode == 0, "stderr": proc.stderr[-4000:]}
+    return {
+        "route": route,
+        "variant": build_.variant.name,
+        "returncode": proc.returncode,
+        "calls": calls,
+        "ok": verdict.get("ok") is True and proc.returncode == 0,
+        "stderr": proc.stderr[-4000:],
+    }
