@@ -138,3 +138,24 @@ def test_the_tree_without_the_series_fails_the_same_harness() -> None:
 def test_the_harness_refuses_the_apir_route_without_its_environment(patched: build.Build) -> None:
     proc = subprocess.run([str(patched.harness), "apir"], capture_output=True, text=True, env={"PATH": "/usr/bin"})
     assert proc.returncode == 2 and "VIRGL_ROUTE_VENUS_TO_APIR=1" in proc.stderr
+
+
+# --- the APIR loopback routed through virglrenderer: test-backend-ops on "[virtgpu] CPU" -----------
+
+
+@pytest.mark.slow
+def test_the_llama_op_list_passes_through_a_real_apir_context(patched: build.Build) -> None:
+    """The frontend's transport is virglrenderer's public API (checks/libkrun-replay/virtgpu-virgl.cpp):
+    blobs of an in-process APIR context on the Venus capset, commands through submit_cmd."""
+    from libkrun_replay import ops
+
+    rc, out = ops.one(patched, ["-b", ops.DEVICE, "-o", "ADD"])
+    # virglrenderer's APIR did the work: its context, its handshake, its load of the backend library
+    assert "APIR context created" in out and "Handshake with the guest library completed" in out, out[-3000:]
+    assert "APIR backend library loaded" in out
+    assert "not whole dwords" not in out, "a command libkrun would refuse (virgl_renderer.rs:94-96)"
+    assert rc == 0, out[-3000:]
+    results = ops.run(patched)
+    failed = {name: r for name, r in results.items() if not r["ok"]}  # type: ignore[index]
+    assert not failed, failed
+    assert all(r["ran"] > 0 for r in results.values()), results  # type: ignore[index]
