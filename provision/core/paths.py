@@ -38,6 +38,7 @@ LAYOUT: dict[str, str] = {
     "apir-cuda": "checks/apir-cuda's work directory: the CUDA ggml build and the loopback (on a GPU host)",
     "apir-remoting": "bench/apir_remoting.py's two loopback builds (before/after the remoting cut), per target",
     "macho-link": "checks/macho-link's cross-builds for aarch64-macos, one per tree, its patches and zig",
+    "libkrun-replay": "checks/libkrun-replay: the darwin APIR tree built here, with and without our series",
     "test-fixtures": "what the test suite builds once and reuses: the busybox base image, tool packages (tests/)",
 }
 # under the state root

@@ -88,12 +88,17 @@ CHROOT = Where()
 
 
 def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = CHROOT,
-                 host_patches: Sequence[str] = HOST_PATCHES) -> str:
+                 host_patches: Sequence[str] = HOST_PATCHES, transport: str | None = None,
+                 transport_flags: Sequence[str] = ()) -> str:
     """Shell: patch a copy of the frontend, build it with the loopback, and build
     test-backend-ops against the host ggml (it needs ggml only, not libllama). The backend
     registry (libggml.so) is built here with just the CPU backend and the target, so the CPU
-    target needs no Vulkan build."""
+    target needs no Vulkan build. ``transport`` replaces the loopback's own file (a path as the
+    shell sees it; checks/libkrun-replay routes the frontend through virglrenderer), with the
+    compiler and linker flags it needs."""
     q = shlex.quote
+    transport = q(transport) if transport else f"{q(where.loopback)}/virtgpu-loopback.cpp"
+    extra = "".join(f" {q(f)}" for f in transport_flags)
     w, b, lib = q(where.work), q(where.bin), q(where.lib)
     front = f"{w}/src/ggml/src/ggml-virtgpu"
     inc = f"-I{w}/src/ggml/include -I{w}/src/ggml/src"
@@ -120,7 +125,7 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"g++ -std=c++20 -O1 -g -fPIC -shared -DGGML_BACKEND_DL -DGGML_BACKEND_BUILD -DGGML_BACKEND_SHARED {inc} "
         f"{drm}-I{front} -I{front}/include -I{w}/venus -I/usr/include/libdrm "
         + " ".join(f"{front}/{s}" for s in FRONTEND_SOURCES)
-        + f" {loop}/virtgpu-loopback.cpp -o {b}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}",
+        + f" {transport} -o {b}/libggml-virtgpu.so -L{lib} -lggml-base -Wl,-rpath,{lib}{extra}",
         f"g++ -std=c++17 -O1 -g {inc} {loop}/repro-supports-op-gap.cpp -o {b}/repro-supports-op-gap "
         f"-L{lib} -lggml-base -Wl,-rpath,{lib}",
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "

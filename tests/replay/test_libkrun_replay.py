@@ -1,0 +1,161 @@
+"""libkrun's virglrenderer calls, replayed against the darwin APIR tree built for this host.
+
+With our darwin series the tree runs the APIR route (the Venus capset, VIRGL_ROUTE_VENUS_TO_APIR)
+and Venus contexts in the calling process, as krunkit's libkrun needs, and export_blob answers at
+creation with the handle type libkrun maps; without the series the same harness fails. The
+harness's citations are checked against libkrun v1.19.0's own lines.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "checks"))
+
+from libkrun_replay import build  # noqa: E402
+
+HARNESS = REPO / "checks" / "libkrun-replay" / "replay.c"
+LIBKRUN = REPO.parent / "shared" / "upstream" / "libkrun-v1.19.0.tar.xz"
+
+
+def cache() -> Path:
+    from provision.core.paths import cache_dir
+
+    return cache_dir("libkrun-replay")
+
+
+def by_call(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["call"]: c for c in result["calls"]}
+
+
+def order(result: dict[str, Any]) -> list[str]:
+    return [c["call"] for c in result["calls"]]
+
+
+# --- the harness says which libkrun line makes each call: those lines make it -------------------
+
+
+def test_each_virgl_call_of_the_harness_cites_the_libkrun_line_that_makes_it() -> None:
+    assert LIBKRUN.is_file(), f"{LIBKRUN} missing: the pinned upstream trees live in ../shared/upstream"
+    source = HARNESS.read_text()
+    cited = re.findall(r'report\([^;]*?"(virgl_\w+)",\s*"rutabaga virgl_renderer\.rs:([^"]+)"', source, re.S)
+    assert len(cited) >= 12, cited
+    with tarfile.open(LIBKRUN) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("src/rutabaga_gfx/src/virgl_renderer.rs"))
+        handle = tar.extractfile(member)
+        assert handle is not None
+        lines = handle.read().decode().splitlines()
+    for function, where in cited:
+        numbers = [int(n) for n in re.findall(r":?(\d+)", where)]
+        assert any(function in lines[n - 1] for n in numbers), (
+            f"{function}: none of virgl_renderer.rs lines {numbers} calls it: "
+            + " | ".join(lines[n - 1].strip() for n in numbers)
+        )
+
+
+# --- the patched tree: in-process contexts, blob handles at creation ------------------------------
+
+
+@pytest.fixture(scope="module")
+def patched() -> build.Build:
+    return build.build(build.Variant(), cache())
+
+
+@pytest.mark.slow
+def test_the_apir_route_runs_in_process_with_krunkits_flags(patched: build.Build) -> None:
+    result = build.run(patched, "apir")
+    assert result["ok"], result
+    calls = by_call(result)
+    assert "flags 0xc0" in calls["virgl_renderer_init"]["detail"]
+    assert "apir_version 1" in calls["capset content"]["detail"]
+    # libkrun's order: export right after create, before the map pointer, then the command
+    seq = order(result)
+    steps = ["virgl_renderer_init", "virgl_renderer_context_create_with_flags",
+             "virgl_renderer_resource_create_blob", "virgl_renderer_resource_export_blob",
+             "virgl_renderer_resource_get_map_info", "virgl_renderer_resource_get_map_ptr",
+             "virgl_renderer_submit_cmd", "virgl_renderer_context_create_fence",
+             "write_context_fence (callback)", "virgl_renderer_resource_unref",
+             "virgl_renderer_context_destroy", "virgl_renderer_cleanup"]  # fmt: skip
+    assert [seq.index(s) for s in steps] == sorted(seq.index(s) for s in steps)
+    # on Linux the handle is the shm fd libkrun mmaps, and the map pointer is the same memory
+    assert "(shm)" in calls["virgl_renderer_resource_export_blob"]["detail"]
+    assert calls["get_map_ptr vs mmap(fd)"]["ok"]
+    # the round trip ran in virglrenderer's APIR: its reply in the blob, its log on stderr
+    assert "notif 43807" in calls["APIR reply (shared memory)"]["detail"]
+    assert "host protocol 0.1" in calls["APIR reply (shared memory)"]["detail"]
+    assert "Handshake with the guest library completed" in result["stderr"]
+
+
+@pytest.mark.slow
+def test_a_venus_context_runs_in_process(patched: build.Build) -> None:
+    result = build.run(patched, "venus")
+    assert result["ok"], result
+    calls = by_call(result)
+    assert "capset 4 filled" in calls["virgl_renderer_fill_caps"]["detail"]
+    assert "(shm)" in calls["virgl_renderer_resource_export_blob"]["detail"]
+    assert "retired" in calls["write_context_fence (callback)"]["detail"]
+    assert "re-routing NOT enabled" in result["stderr"]
+
+
+@pytest.mark.slow
+def test_the_macos_handle_answers_at_creation_and_maps_by_pointer() -> None:
+    """The macOS default (VIRGL_EXPORT_BLOB_HOST_POINTER), built on Linux: the first export_blob
+    already gives the Apple type, and the APIR reply is read through get_map_ptr alone."""
+    hosted = build.build(build.Variant(host_pointer=True), cache())
+    result = build.run(hosted, "apir", expect_handle="apple")
+    assert result["ok"], result
+    calls = by_call(result)
+    assert "type 4 (apple)" in calls["virgl_renderer_resource_export_blob"]["detail"]
+    assert "mmap(exported fd)" not in calls
+    assert "notif 43807" in calls["APIR reply (shared memory)"]["detail"]
+
+
+# --- the same harness on the tree without our series ---------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_tree_without_the_series_fails_the_same_harness() -> None:
+    bare = build.build(build.Variant(series=False), cache())
+    result = build.run(bare, "apir")
+    assert not result["ok"] and result["returncode"] == 1
+    calls = by_call(result)
+    assert calls["virgl_renderer_init"]["ok"]
+    # the capset is advertised but never filled, and no context comes without the render server
+    assert not calls["virgl_renderer_fill_caps"]["ok"]
+    assert not calls["virgl_renderer_context_create_with_flags"]["ok"]
+    assert "virgl_renderer_resource_create_blob" not in calls
+
+
+@pytest.mark.slow
+def test_the_harness_refuses_the_apir_route_without_its_environment(patched: build.Build) -> None:
+    proc = subprocess.run([str(patched.harness), "apir"], capture_output=True, text=True, env={"PATH": "/usr/bin"})
+    assert proc.returncode == 2 and "VIRGL_ROUTE_VENUS_TO_APIR=1" in proc.stderr
+
+
+# --- the APIR loopback routed through virglrenderer: test-backend-ops on "[virtgpu] CPU" -----------
+
+
+@pytest.mark.slow
+def test_the_llama_op_list_passes_through_a_real_apir_context(patched: build.Build) -> None:
+    """The frontend's transport is virglrenderer's public API (checks/libkrun-replay/virtgpu-virgl.cpp):
+    blobs of an in-process APIR context on the Venus capset, commands through submit_cmd."""
+    from libkrun_replay import ops
+
+    rc, out = ops.one(patched, ["-b", ops.DEVICE, "-o", "ADD"])
+    # virglrenderer's APIR did the work: its context, its handshake, its load of the backend library
+    assert "APIR context created" in out and "Handshake with the guest library completed" in out, out[-3000:]
+    assert "APIR backend library loaded" in out
+    assert "not whole dwords" not in out, "a command libkrun would refuse (virgl_renderer.rs:94-96)"
+    assert rc == 0, out[-3000:]
+    results = ops.run(patched)
+    failed = {name: r for name, r in results.items() if not r["ok"]}  # type: ignore[index]
+    assert not failed, failed
+    assert all(r["ran"] > 0 for r in results.values()), results  # type: ignore[index]
