@@ -7,7 +7,6 @@ tests/models/registries.py."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path
 
@@ -15,31 +14,7 @@ import pytest
 
 from provision import cli
 from provision.core import errors
-from provision.models import download
-from provision.models import store as models
 from tests.models import models_http, registries
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    root = tmp_path_factory.mktemp("tiny-store")
-    return models.Store(root=root, out=io.StringIO()).synth(models.SMOKE_MODEL).path.read_bytes()
-
-
-@pytest.fixture
-def cache(empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
-    for key in ("PROVISION_DOCKER_REGISTRY", "PROVISION_STALL_S", "PROVISION_ASK_ABOVE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("PROVISION_SHORTNAMES", str(tmp_path / "user-shortnames.conf"))
-    return empty_cache / "models"
-
-
-@pytest.fixture
-def server():
-    srv = models_http.start({})
-    yield srv
-    models_http.stop(srv)
 
 
 def ramalama_raw(gguf: bytes, compression: str) -> list[bytes]:

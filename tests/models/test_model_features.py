@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import pty
@@ -18,8 +17,6 @@ import pytest
 
 from provision import cli
 from provision.core import errors
-from provision.models import download
-from provision.models import store as models
 from tests.models import models_http, registries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,21 +41,6 @@ def parts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     writer.write_tensors_to_file()
     writer.close()
     return {name: (folder / name).read_bytes() for name in SPLIT}
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    root = tmp_path_factory.mktemp("tiny-store")
-    return models.Store(root=root, out=io.StringIO()).synth(models.SMOKE_MODEL).path.read_bytes()
-
-
-@pytest.fixture
-def cache(empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
-    for key in ("PROVISION_OLLAMA_REGISTRY", "PROVISION_STALL_S", "PROVISION_ASK_ABOVE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("PROVISION_SHORTNAMES", str(tmp_path / "user-shortnames.conf"))
-    return empty_cache / "models"
 
 
 @pytest.fixture

@@ -17,31 +17,9 @@ import pytest
 from provision import cli
 from provision.cli.run import resolve_model
 from provision.core import errors
-from provision.models import download, names
+from provision.models import names
 from provision.models import store as models
 from tests.models import models_http, registries
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    root = tmp_path_factory.mktemp("tiny-store")
-    return models.Store(root=root, out=io.StringIO()).synth(models.SMOKE_MODEL).path.read_bytes()
-
-
-@pytest.fixture
-def cache(empty_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
-    for key in ("PROVISION_OLLAMA_REGISTRY", "PROVISION_DOCKER_REGISTRY", "HF_ENDPOINT", "PROVISION_ASK_ABOVE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("PROVISION_SHORTNAMES", str(tmp_path / "user-shortnames.conf"))
-    return empty_cache / "models"
-
-
-@pytest.fixture
-def server():
-    srv = models_http.start({})
-    yield srv
-    models_http.stop(srv)
 
 
 def host(server: models_http.ModelServer) -> str:

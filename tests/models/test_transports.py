@@ -10,7 +10,6 @@ digest the registry or the listing names. The model is the synthetic tiny-llama.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import signal
@@ -24,33 +23,9 @@ import pytest
 
 from provision import cli
 from provision.core import errors
-from provision.models import download
-from provision.models import store as models
 from tests.models import models_http, registries
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    root = tmp_path_factory.mktemp("tiny-store")
-    return models.Store(root=root, out=io.StringIO()).synth(models.SMOKE_MODEL).path.read_bytes()
-
-
-@pytest.fixture
-def cache(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(download, "BACKOFF_S", 0.01)
-    for key in ("HF_ENDPOINT", "PROVISION_OLLAMA_REGISTRY", "PROVISION_STALL_S", "PROVISION_ASK_ABOVE"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("PROVISION_SHORTNAMES", str(empty_cache / "no-user-shortnames.conf"))
-    return empty_cache / "models"
-
-
-@pytest.fixture
-def server():
-    srv = models_http.start({})
-    yield srv
-    models_http.stop(srv)
 
 
 @dataclass
