@@ -15,6 +15,7 @@ warm-up. Correctness: checks/apir-loopback/greedy.cpp decodes greedily natively 
   python bench/apir_remoting.py                   # here: CPU target, `host` + `guest` ggml builds
   python bench/apir_remoting.py --target cuda --source TREE --drm-include DIR --cuda-arch 90
                                                   # a CUDA host without a chroot (the lent H200)
+  ... --greedy-only                               # the tokens only, "after" then "before", no llama-bench
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -305,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-r", "--repetitions", type=int, default=5)
     p.add_argument("--greedy-tokens", type=int, default=32, help="tokens of the greedy correctness run")
     p.add_argument("--json", type=Path, help="write the report here too")
+    p.add_argument("--greedy-only", action="store_true",
+                   help="only the greedy runs (after, then before), the report written after each")
     args = p.parse_args(argv)
     if args.repetitions < 2:
         p.error("--repetitions must be at least 2 (the per-token cost is a difference)")
@@ -318,7 +322,11 @@ def main(argv: list[str] | None = None) -> int:
         setup = cuda_setup(work, args.source, args.drm_include, args.cuda_arch, args.jobs)
     else:
         setup = cpu_setup(work)
-    built = {v.name: build(setup, v) for v in variants()}
+    # The two loopbacks are independent, each a chain of single-threaded compiles: side by side.
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        built = dict(zip((v.name for v in variants()), pool.map(lambda v: build(setup, v), variants()), strict=True))
+    if args.greedy_only:
+        return greedy_only(setup, built, args)
     tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
              f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
     results: dict[str, Any] = {}
@@ -352,6 +360,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         _write(args.json, report)
     return 0 if same["same"] else 1
+
+
+def greedy_only(setup: Setup, built: Mapping[str, loopback_host.HostDirs], args: argparse.Namespace) -> int:
+    """The correctness runs alone, for a device call too short for llama-bench: "after" first, the
+    report rewritten after each series so that a run cut short keeps what it decoded."""
+    model = args.model.resolve()
+    report: dict[str, Any] = {"device": setup.device, "native_device": setup.native_device, "model": str(model),
+                              "patches": {v.name: {"guest": v.guest_patches, "host": v.host_patches}
+                                          for v in variants()}}
+    build_greedy(setup, built["after"])
+    shutil.copy2(built["after"].bin / "greedy", built["before"].bin / "greedy")
+    for name in ("after", "before"):
+        try:
+            report[f"greedy_{name}"] = greedy(setup, built[name], model, args.greedy_tokens)
+        except SystemExit as exc:
+            report[f"greedy_{name}"] = {"failed": str(exc)[-2000:]}
+        g = report[f"greedy_{name}"]
+        verdict = "FAILED" if "failed" in g else "the same" if g["same"] else f"DIFFER from token {first_diff(g)}"
+        print(f"greedy {args.greedy_tokens} tokens, {name}: native and {setup.device} {verdict}",
+              file=sys.stderr, flush=True)
+        if args.json:
+            _write(args.json, report)
+    print(json.dumps({k: report[k] for k in ("greedy_after", "greedy_before")}))
+    return 0 if report["greedy_after"].get("same") else 1
+
+
+def first_diff(g: Mapping[str, Any]) -> int | None:
+    """The index of the first token where the route leaves native (None: the same)."""
+    return next((i for i, (a, b) in enumerate(zip(g["native"], g["route"], strict=True)) if a != b), None)
 
 
 def _write(path: Path, data: Mapping[str, Any]) -> None:

@@ -95,6 +95,14 @@ def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> 
     assert bench.totals(prof)["compute_us"] == 4.0 and bench.totals(prof)["n"] == 1.0
 
 
+
+def test_first_diff_names_the_first_token_where_the_route_leaves_native() -> None:
+    bench = _bench()
+    assert bench.first_diff({"native": [5, 7, 9, 9], "route": [5, 7, 0, 9]}) == 2
+    assert bench.first_diff({"native": [5, 7], "route": [5, 7]}) is None
+    with pytest.raises(ValueError):  # a short run is not "the same so far"
+        bench.first_diff({"native": [5, 7], "route": [5]})
+
 @pytest.mark.slow
 def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_protocol() -> None:
     tree = sources.llama_cpp_tree()
