@@ -57,3 +57,10 @@ def test_the_guest_job_gives_each_named_op_its_own_limit() -> None:
 def test_a_bad_op_limit_is_refused_before_any_machine_time(bad: str) -> None:
     with pytest.raises(SystemExit, match="OP=SECONDS"):
         load("run").op_seconds(bad)
+
+
+def test_the_prepare_script_reaches_what_it_calls() -> None:
+    """prepare runs only before a device call, so a moved function breaks it far from any test: load it
+    and look up what it calls on the Linux host."""
+    prepare = load("prepare")
+    assert callable(prepare.linux.image_for) and callable(prepare.linux.root_disk)
