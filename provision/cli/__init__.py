@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -89,7 +90,17 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises E003 instead of printing usage and exiting 2 (sub-parsers inherit it)."""
 
     def error(self, message: str) -> NoReturn:
-        raise InvalidValue(f"{self.prog}: {message}", fix=f"see `{self.prog} --help` for what it takes")
+        fix = f"see `{self.prog} --help` for what it takes"
+        choice = _INVALID_CHOICE.search(message)
+        if choice:  # a mistyped command: the nearest ones, and the model action a top-level word may mean
+            from provision.core.suggest import did_you_mean
+
+            hint = did_you_mean(choice["word"], re.findall(r"'([^']*)'", choice["known"]))
+            fix = f"{hint} (see `{self.prog} --help`)" if hint else fix
+        raise InvalidValue(f"{self.prog}: {message}", fix=fix)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<known>.*)\)")
 
 
 def build_parser(command: str | None = None, *, full: bool = True) -> argparse.ArgumentParser:
