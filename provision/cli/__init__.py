@@ -38,7 +38,8 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 # Each module's words are its COMMANDS' keys (tests/cli/test_command_face.py holds them equal):
 # they let a named command import its own module and no other.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "stacks": ("stacks",), "image": ("image",), "model": ("model",), "host_tools": ("host-tools",),
+    "stacks": ("stacks",), "image": ("image",), "model": ("model",),
+    "aliases": ("pull", "list", "rm", "inspect", "info", "version"), "host_tools": ("host-tools",),
     "launch": ("launch",), "run": ("run",), "serve": ("serve", "ps", "stop", "shell"), "chat": ("chat",),
     "bench": ("bench",), "perplexity": ("perplexity",), "doctor": ("doctor",), "ggml": ("ggml",),
     "apir": ("apir",), "api": ("api",), "config": ("config",), "completion": ("completion",),

@@ -54,14 +54,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     syn.set_defaults(func=run_synth)
 
 
+def _spoken(sub: argparse._SubParsersAction, name: str) -> str:
+    """How the user types the action where it is built: `provision model pull` or `provision pull`."""
+    return f"{sub._prog_prefix} {name}"
+
+
 # The model store's everyday actions, built under `model` and (provision/cli/aliases.py) at the top
 # level, where RamaLama and ollama users type them: one parser definition for both spellings.
 def add_pull(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    said = _spoken(sub, name)
     pull = command(
         sub,
         name,
         "download a model, verify its sha256 and store it",
-        "provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX",
+        f"{said} hf://OWNER/REPO/model.gguf --sha256 HEX",
         json=True,
     )
     pull.add_argument(
@@ -85,7 +91,8 @@ def add_pull(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentPar
 
 
 def add_inspect(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    ins = command(sub, name, "GGUF metadata of a stored model", "provision model inspect tiny-llama --json",
+    said = _spoken(sub, name)
+    ins = command(sub, name, "GGUF metadata of a stored model", f"{said} tiny-llama --json",
                   json=True)
     ins.add_argument("name")
     ins.set_defaults(func=run_inspect)
@@ -93,14 +100,16 @@ def add_inspect(sub: argparse._SubParsersAction, name: str) -> argparse.Argument
 
 
 def add_list(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    lst = command(sub, name, "catalog models and what the store holds", "provision model list --json", json=True)
+    said = _spoken(sub, name)
+    lst = command(sub, name, "catalog models and what the store holds", f"{said} --json", json=True)
     lst.add_argument("--shortnames", action="store_true", help="the short names (ours and your file's) instead")
     lst.set_defaults(func=run_list)
     return lst
 
 
 def add_rm(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
-    rm = command(sub, name, "remove a name (and its blob when no other name uses it)", "provision model rm tiny-llama",
+    said = _spoken(sub, name)
+    rm = command(sub, name, "remove a name (and its blob when no other name uses it)", f"{said} tiny-llama",
                  json=True)
     rm.add_argument("name")
     rm.set_defaults(func=run_rm)

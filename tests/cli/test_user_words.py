@@ -1,0 +1,86 @@
+"""The words a RamaLama or ollama user types (issue #42 items 9, 10): did-you-mean for a mistyped stack,
+model or command, and the top-level `pull`, `list`, `rm`, `inspect`, `info`, `version`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provision import cli
+from provision.core import errors
+
+
+def error_of(capsys: pytest.CaptureFixture[str], argv: list[str], exc: type[errors.ProvisionError]) -> str:
+    assert cli.main(argv) == exc.exit_status
+    err = capsys.readouterr().err
+    assert err.startswith(f"{exc.code}: "), err
+    return err
+
+
+@pytest.fixture
+def tiny(empty_cache: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    assert cli.main(["model", "synth", "tiny-llama"]) == 0
+    capsys.readouterr()
+    return empty_cache
+
+
+def test_a_mistyped_stack_gets_the_nearest_stack(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["run", "llama-lnux", "--gpu", "--dry-run", "--", "true"], errors.UnknownStack)
+    assert "fix: did you mean 'llama-linux'" in err
+
+
+def test_a_mistyped_command_gets_the_nearest_command(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["pul", "tiny-llama"], errors.InvalidValue)
+    assert "invalid choice: 'pul'" in err and "fix: did you mean 'pull'?" in err
+    err = error_of(capsys, ["model", "lst"], errors.InvalidValue)
+    assert "fix: did you mean 'list'?" in err
+    err = error_of(capsys, ["zzzzqqq"], errors.InvalidValue)  # nothing near: no guess
+    assert "did you mean" not in err and "fix: see `provision --help`" in err
+
+
+@pytest.mark.parametrize("argv", [["model", "path", "tiny-lama"], ["inspect", "tiny-lama"],
+                                  ["serve", "llama-linux", "--model", "tiny-lama", "--dry-run"]])  # fmt: skip
+def test_a_mistyped_model_gets_the_nearest_model(tiny: Path, capsys: pytest.CaptureFixture[str],
+                                                 argv: list[str]) -> None:  # fmt: skip
+    err = error_of(capsys, argv, errors.UnknownModel)
+    assert "did you mean 'tiny-llama'" in err
+
+
+def test_a_model_like_nothing_known_gets_no_guess(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert "did you mean" not in error_of(capsys, ["model", "path", "zzzzqqq"], errors.UnknownModel)
+
+
+def test_top_level_list_inspect_rm_are_the_model_actions(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["command"] == "list" and listed["status"] == "ok"
+    assert cli.main(["model", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"] == listed["data"]
+    assert cli.main(["inspect", "tiny-llama", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"]["architecture"] == "llama"
+    assert cli.main(["rm", "tiny-llama"]) == 0
+    capsys.readouterr()
+    assert not list((tiny / "models" / "refs").glob("tiny-llama.json"))
+    error_of(capsys, ["model", "path", "tiny-llama"], errors.UnknownModel)
+
+
+def test_top_level_pull_stores_a_catalog_model(empty_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # tiny-llama is pinned as synthesized: its pull writes it here, offline, and checks the pin
+    assert cli.main(["pull", "tiny-llama", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["name"] == "tiny-llama" and Path(data["path"]).is_file()
+    assert (empty_cache / "models" / "refs" / "tiny-llama.json").is_file()
+
+
+def test_version_and_info(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import provision
+
+    assert cli.main(["version"]) == 0
+    assert capsys.readouterr().out.strip() == f"provision {provision.__version__}"
+    assert cli.main(["info", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)["data"]
+    assert data["version"] == provision.__version__
+    assert data["cache"] == str(tiny) and data["store"]["models"] == ["tiny-llama"]
+    assert "llama-linux" in data["stacks"] and data["serves"] == []
