@@ -10,6 +10,7 @@ import pytest
 
 from provision import cli
 from provision.core import errors
+from tests.helpers import run_provision
 
 
 def error_of(capsys: pytest.CaptureFixture[str], argv: list[str], exc: type[errors.ProvisionError]) -> str:
@@ -84,3 +85,26 @@ def test_version_and_info(tiny: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert data["version"] == provision.__version__
     assert data["cache"] == str(tiny) and data["store"]["models"] == ["tiny-llama"]
     assert "llama-linux" in data["stacks"] and data["serves"] == []
+
+
+@pytest.mark.parametrize("argv", [["run", "--gpu", "--model", "tiny-llama"], ["run", "llama-linux", "--gpu"],
+                                  ["run", "llama-linux", "--gpu", "--"]])  # fmt: skip
+def test_run_without_a_command_is_a_usage_error(tiny: Path, capsys: pytest.CaptureFixture[str],
+                                                argv: list[str]) -> None:  # fmt: skip
+    err = error_of(capsys, argv, errors.InvalidValue)  # not E024: nothing failed in a VM
+    assert "no command to run in the guest" in err and "fix: provision run [STACK]" in err
+
+
+def test_run_model_plans_a_serve_then_the_chat() -> None:
+    # The machine's own cache: a dry run writes nothing there, and its host tools make the plan (E020 without)
+    proc = run_provision("run", "tiny-llama", "--gpu", "--dry-run", "--json")
+    assert proc.returncode == 0, f"{proc.stderr}\n(the plan needs `provision host-tools` run once on this host)"
+    data = json.loads(proc.stdout)["data"]
+    assert data["then"] == "chat, stop"
+    assert "exec llama-server" in data["job"] and "tiny-llama" in data["job"]
+    assert "provision: route:" in proc.stderr  # the stack was picked as serve picks it, and said why
+
+
+def test_run_of_a_mistyped_model_names_the_model(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["run", "tiny-lama", "--gpu"], errors.UnknownStack)
+    assert "neither a stack nor a model" in err and "did you mean 'tiny-llama'" in err
