@@ -108,3 +108,19 @@ def test_run_model_plans_a_serve_then_the_chat() -> None:
 def test_run_of_a_mistyped_model_names_the_model(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = error_of(capsys, ["run", "tiny-lama", "--gpu"], errors.UnknownStack)
     assert "neither a stack nor a model" in err and "did you mean 'tiny-llama'" in err
+
+
+def test_perplexity_without_a_stack_or_gpu_says_how_to_pick_one(capsys: pytest.CaptureFixture[str]) -> None:
+    err = error_of(capsys, ["perplexity", "--model", "tiny-llama"], errors.InvalidValue)
+    assert "fix: provision perplexity --gpu" in err
+
+
+@pytest.mark.slow
+def test_perplexity_picks_the_stack_as_run_and_serve_do(tmp_path: Path) -> None:
+    # The machine's own cache (host tools, the guest image, tiny-llama); the history goes to a fresh state dir
+    proc = run_provision("perplexity", "--model", "tiny-llama", "--gpu", "--json", timeout=900,
+                         env={"PROVISION_STATE": str(tmp_path / "state")})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "provision: route:" in proc.stderr
+    data = json.loads(proc.stdout)["data"]
+    assert data["ppl"] > 1 and data["model"] == "tiny-llama" and data["history"]["id"]
