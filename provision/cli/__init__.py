@@ -60,6 +60,7 @@ quick start (Linux):
   sudo provision image llama-linux               # build the guest image
   provision model synth tiny-llama               # a small real GGUF, made offline
   sudo provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary
+  provision run tiny-llama --gpu                 # serve it and chat, as `ramalama run` does
 quick start (macOS):
   nix profile add .#krun && provision image llama && provision launch
   provision run llama --gpu --model tiny-llama -- llama-bench -m "$MODEL" -dev Vulkan0
