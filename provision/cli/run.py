@@ -218,7 +218,6 @@ def serve_and_chat(args: argparse.Namespace, model: str) -> Result | int:
     try:
         chat_args = build_parser("chat", full=False).parse_args(["chat", name])
         chat_args.app = args.app
-        chat_args.json = False
         chat_args.func(chat_args)
     finally:
         serve_state.stop(serve_state.find(name))
