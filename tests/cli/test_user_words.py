@@ -4,6 +4,7 @@ model or command, and the top-level `pull`, `list`, `rm`, `inspect`, `info`, `ve
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,15 @@ def test_perplexity_picks_the_stack_as_run_and_serve_do(tmp_path: Path) -> None:
     assert "provision: route:" in proc.stderr
     data = json.loads(proc.stdout)["data"]
     assert data["ppl"] > 1 and data["model"] == "tiny-llama" and data["history"]["id"]
+
+
+@pytest.mark.slow
+def test_run_model_serves_chats_and_stops() -> None:
+    # The machine's cache (host tools, the guest image, tiny-llama), as `ramalama run` is used: one turn, then /exit
+    proc = run_provision("run", "tiny-llama", "--gpu", stdin="Hello\n/exit\n", timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    (name,) = re.findall(r"provision: (\S+) is healthy at http://127\.0\.0\.1:\d+/v1", proc.stderr)
+    assert f"provision: stopped {name}" in proc.stderr
+    assert proc.stdout.count("you> ") == 2 and len(proc.stdout) > 20  # the prompt twice, a reply between
+    ps = run_provision("ps", "--json")
+    assert name not in [e["name"] for e in json.loads(ps.stdout)["data"]]  # stopped: no serve, no guest left
