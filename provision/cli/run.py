@@ -207,6 +207,7 @@ def serve_and_chat(args: argparse.Namespace, model: str) -> Result | int:
     serve_argv += ["--dry-run"] if args.dry_run else ["--detach"]
     serve_args = build_parser("serve", full=False).parse_args(serve_argv)
     serve_args.app = args.app
+    serve_args.ends = "leaving the chat (/exit or Ctrl-D) stops it"
     started = serve_args.func(serve_args)
     if args.dry_run:  # the serve's plan; the chat starts nothing of its own
         assert isinstance(started, Result)
