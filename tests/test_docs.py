@@ -61,3 +61,21 @@ def test_readme_layout_table_names_every_package_and_only_real_ones(repo):
     } - {"provision/hosts/"}
     assert packages - named == set(), "packages missing from README's layout table"
     assert {n for n in named if not (repo / n).is_dir()} == set(), "layout table names folders that do not exist"
+
+
+def test_readme_quick_start_shows_the_ramalama_words_and_each_parses(repo):
+    import shlex
+
+    from provision import cli
+
+    readme = (repo / "README.md").read_text()
+    m = re.search(r"<!-- quick-start -->\n```sh\n(.*?)```\n<!-- /quick-start -->", readme, re.S)
+    assert m, "README lost its quick-start block"
+    lines = [shlex.split(line, comments=True) for line in m.group(1).splitlines()]
+    words = {argv[1] for argv in lines}
+    assert {"pull", "list", "rm", "inspect", "info", "version", "run"} <= words
+    for argv in lines:
+        assert argv[0] == "provision"
+        args = cli.build_parser(argv[1], full=False).parse_args(argv[1:])  # E003 for a command that is not one
+        assert args.command == argv[1]
+    assert ["provision", "run", "tiny-llama", "--gpu"] in lines  # run MODEL: serve and chat

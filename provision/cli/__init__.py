@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import shlex
 import sys
 from collections.abc import Sequence
@@ -37,7 +38,8 @@ from provision.core.errors import INTERNAL_ERROR_STATUS, InvalidValue, Provision
 # Each module's words are its COMMANDS' keys (tests/cli/test_command_face.py holds them equal):
 # they let a named command import its own module and no other.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
-    "stacks": ("stacks",), "image": ("image",), "model": ("model",), "host_tools": ("host-tools",),
+    "stacks": ("stacks",), "image": ("image",), "model": ("model",),
+    "aliases": ("pull", "list", "rm", "inspect", "info", "version"), "host_tools": ("host-tools",),
     "launch": ("launch",), "run": ("run",), "serve": ("serve", "ps", "stop", "shell"), "chat": ("chat",),
     "bench": ("bench",), "perplexity": ("perplexity",), "doctor": ("doctor",), "ggml": ("ggml",),
     "apir": ("apir",), "api": ("api",), "config": ("config",), "completion": ("completion",),
@@ -58,6 +60,7 @@ quick start (Linux):
   sudo provision image llama-linux               # build the guest image
   provision model synth tiny-llama               # a small real GGUF, made offline
   sudo provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary
+  provision run tiny-llama --gpu                 # serve it and chat, as `ramalama run` does
 quick start (macOS):
   nix profile add .#krun && provision image llama && provision launch
   provision run llama --gpu --model tiny-llama -- llama-bench -m "$MODEL" -dev Vulkan0
@@ -89,7 +92,17 @@ class Parser(argparse.ArgumentParser):
     """argparse that raises E003 instead of printing usage and exiting 2 (sub-parsers inherit it)."""
 
     def error(self, message: str) -> NoReturn:
-        raise InvalidValue(f"{self.prog}: {message}", fix=f"see `{self.prog} --help` for what it takes")
+        fix = f"see `{self.prog} --help` for what it takes"
+        choice = _INVALID_CHOICE.search(message)
+        if choice:  # a mistyped command: the nearest ones, and the model action a top-level word may mean
+            from provision.core.suggest import did_you_mean
+
+            hint = did_you_mean(choice["word"], re.findall(r"'([^']*)'", choice["known"]))
+            fix = f"{hint} (see `{self.prog} --help`)" if hint else fix
+        raise InvalidValue(f"{self.prog}: {message}", fix=fix)
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<word>[^']*)' \(choose from (?P<known>.*)\)")
 
 
 def build_parser(command: str | None = None, *, full: bool = True) -> argparse.ArgumentParser:

@@ -3,7 +3,8 @@
 Both come from argcomplete, from the same parser `provision` parses with: the script makes the
 shell run ``provision`` with argcomplete's environment (``_ARGCOMPLETE=1``, ``COMP_LINE``), and
 ``complete_if_asked`` (the first thing main does) answers from the full parser, with stack names
-from the catalog and model names from the catalog and the store. argcomplete is imported only
+from the catalog, model names from the catalog and the store, short names where a pull takes one,
+and the running serves' names for chat and stop. argcomplete is imported only
 then, so `provision --help` starts as fast as before.
 """
 
@@ -30,7 +31,7 @@ INSTALL = {
     "zsh": 'eval "$(provision completion zsh)"           # in ~/.zshrc, after compinit',
     "fish": "provision completion fish > ~/.config/fish/completions/provision.fish",
 }
-STACK_DESTS = ("stack", "venus_stack")
+STACK_DESTS = ("stack", "venus_stack", "stack_option")
 MODEL_DESTS = ("model",)
 
 
@@ -53,11 +54,6 @@ def stack_names(**_: Any) -> list[str]:
     return sorted(catalog.load().stacks)
 
 
-def run_words(parsed_args: argparse.Namespace | None = None, **_: Any) -> list[str]:
-    """`provision run [STACK] -- CMD` takes its words as one list: its first word may be a stack."""
-    return stack_names() if not getattr(parsed_args, "cmd", None) else []
-
-
 def model_names(**_: Any) -> list[str]:
     """Catalog models and stored names; a broken store completes the catalog's names only."""
     from provision.models import store
@@ -67,6 +63,42 @@ def model_names(**_: Any) -> list[str]:
     with contextlib.suppress(Exception):
         names.update(ref.name for ref in store.Store(out=io.StringIO()).refs())
     return sorted(names)
+
+
+def pull_names(**_: Any) -> list[str]:
+    """What `pull` takes by name: the short names (ours and the user's file's) and the catalog's."""
+    from provision.models import shortnames, store
+
+    names = set(store.catalog_names())
+    with contextlib.suppress(Exception):  # a broken shortnames file completes the catalog alone
+        names.update(shortnames.table())
+    return sorted(names)
+
+
+def model_or_stack_words(parsed_args: argparse.Namespace | None = None, **kw: Any) -> list[str]:
+    """`provision run`'s first word: a stack, or a model to serve and chat with (`run MODEL`)."""
+    if getattr(parsed_args, "cmd", None):
+        return []
+    return stack_names() + [n for n in model_names(**kw) + pull_names() if n not in stack_names()]
+
+
+def serve_names(**_: Any) -> list[str]:
+    """The serves running now (`provision ps`), for chat and stop."""
+    from provision.serve import state
+
+    with contextlib.suppress(Exception):  # an unreadable state dir completes nothing
+        return [entry.name for entry in state.entries()]
+    return []
+
+
+# (dest, the commands whose parser has it, or () for any): what completes it
+COMPLETERS: tuple[tuple[str, tuple[str, ...], Callable[..., list[str]]], ...] = (
+    ("ref", ("pull",), pull_names),  # pull, model pull
+    ("target", ("chat",), serve_names),
+    ("name", ("stop",), serve_names),
+    ("name", ("inspect", "rm", "path", "verify"), model_names),  # model …, and the top-level inspect, rm
+    ("cmd", ("run",), model_or_stack_words),
+)
 
 
 def add_completers(parser: argparse.ArgumentParser) -> None:
@@ -81,8 +113,9 @@ def add_completers(parser: argparse.ArgumentParser) -> None:
             completer = stack_names
         elif action.dest in MODEL_DESTS:
             completer = model_names
-        elif action.dest == "cmd" and parser.prog.endswith(" run"):
-            completer = run_words
+        else:
+            last = parser.prog.split()[-1]
+            completer = next((f for dest, where, f in COMPLETERS if action.dest == dest and last in where), None)
         if completer is not None:
             action.completer = completer  # type: ignore[attr-defined]
 

@@ -26,11 +26,48 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = command(sub, "model", COMMANDS["model"], "provision model synth tiny-llama", "provision model list")
     msub = p.add_subparsers(dest="model_command", metavar="SUBCOMMAND", required=True)
 
-    pull = command(
+    add_pull(msub, "pull")
+    add_inspect(msub, "inspect")
+    add_list(msub, "list")
+
+    ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama",
+                  json=True)
+    ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
+    ver.set_defaults(func=run_verify)
+
+    add_rm(msub, "rm")
+
+    path = command(msub, "path", "print the stored file of a model", "provision model path tiny-llama", json=True)
+    path.add_argument("name")
+    path.set_defaults(func=run_path)
+
+    syn = command(
         msub,
-        "pull",
+        "synth",
+        "write a synthetic model (tiny-llama) and check it against its pin",
+        "provision model synth tiny-llama",
+        json=True,
+    )
+    syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
+    syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
+    syn.add_argument("--force", action="store_true", help="replace an existing --output file")
+    syn.set_defaults(func=run_synth)
+
+
+def _spoken(sub: argparse._SubParsersAction, name: str) -> str:
+    """How the user types the action where it is built: `provision model pull` or `provision pull`."""
+    return f"{sub._prog_prefix} {name}"
+
+
+# The model store's everyday actions, built under `model` and (provision/cli/aliases.py) at the top
+# level, where RamaLama and ollama users type them: one parser definition for both spellings.
+def add_pull(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    said = _spoken(sub, name)
+    pull = command(
+        sub,
+        name,
         "download a model, verify its sha256 and store it",
-        "provision model pull hf://OWNER/REPO/model.gguf --sha256 HEX",
+        f"{said} hf://OWNER/REPO/model.gguf --sha256 HEX",
         json=True,
     )
     pull.add_argument(
@@ -50,41 +87,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     pull.add_argument("--yes", "-y", action="store_true", help="do not ask before a big pull ($PROVISION_ASK_ABOVE)")
     pull.add_argument("--authfile", metavar="FILE", help="registry credentials, podman's auth.json format")
     pull.set_defaults(func=run_pull)
+    return pull
 
-    ins = command(msub, "inspect", "GGUF metadata of a stored model", "provision model inspect tiny-llama --json",
+
+def add_inspect(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    said = _spoken(sub, name)
+    ins = command(sub, name, "GGUF metadata of a stored model", f"{said} tiny-llama --json",
                   json=True)
     ins.add_argument("name")
     ins.set_defaults(func=run_inspect)
+    return ins
 
-    lst = command(msub, "list", "catalog models and what the store holds", "provision model list --json", json=True)
+
+def add_list(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    said = _spoken(sub, name)
+    lst = command(sub, name, "catalog models and what the store holds", f"{said} --json", json=True)
     lst.add_argument("--shortnames", action="store_true", help="the short names (ours and your file's) instead")
     lst.set_defaults(func=run_list)
+    return lst
 
-    ver = command(msub, "verify", "re-hash stored models against their sha256", "provision model verify tiny-llama",
-                  json=True)
-    ver.add_argument("name", nargs="?", help="one model (default: every stored model)")
-    ver.set_defaults(func=run_verify)
 
-    rm = command(msub, "rm", "remove a name (and its blob when no other name uses it)", "provision model rm tiny-llama",
+def add_rm(sub: argparse._SubParsersAction, name: str) -> argparse.ArgumentParser:
+    said = _spoken(sub, name)
+    rm = command(sub, name, "remove a name (and its blob when no other name uses it)", f"{said} tiny-llama",
                  json=True)
     rm.add_argument("name")
     rm.set_defaults(func=run_rm)
-
-    path = command(msub, "path", "print the stored file of a model", "provision model path tiny-llama", json=True)
-    path.add_argument("name")
-    path.set_defaults(func=run_path)
-
-    syn = command(
-        msub,
-        "synth",
-        "write a synthetic model (tiny-llama) and check it against its pin",
-        "provision model synth tiny-llama",
-        json=True,
-    )
-    syn.add_argument("name", metavar="NAME", help="a synthetic catalog model (`provision model list` shows which)")
-    syn.add_argument("--output", help="write this file instead of into the store (whole or not at all)")
-    syn.add_argument("--force", action="store_true", help="replace an existing --output file")
-    syn.set_defaults(func=run_synth)
+    return rm
 
 
 def _ask(size: int) -> bool:

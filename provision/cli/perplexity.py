@@ -1,4 +1,4 @@
-"""`provision perplexity STACK --model NAME [--gpu] [--text FILE]`: llama-perplexity in a guest.
+"""`provision perplexity [STACK] --model NAME [--gpu] [--text FILE]`: llama-perplexity in a guest.
 
 Thin: parse, this host's ``perplexity`` (device rules as `run`, the text mounted read-only beside
 the model, the result added to the bench history), print.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from provision.cli import routing
 from provision.cli.output import command, table
 from provision.core.result import Result
 
@@ -24,9 +25,11 @@ DEFAULT_CHUNKS = 8
 def register(sub: argparse._SubParsersAction) -> None:
     p = command(sub, "perplexity", COMMANDS["perplexity"],
                 "provision perplexity llama-linux --model tiny-llama --gpu",
+                "provision perplexity --model tiny-llama --gpu    # the stack for this host, and why",
                 "provision perplexity llama-linux --model tiny-llama --text notes.txt --format json",
                 json=True)  # fmt: skip
-    p.add_argument("stack")
+    p.add_argument("stack", nargs="?", help="default: chosen for this host with --gpu/--route (the why is printed)")
+    routing.add_stack_option(p)
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path, mounted read-only")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
@@ -46,7 +49,8 @@ def run(args: argparse.Namespace) -> Result:
     from provision.cli.run import resolve_model
     from provision.core import catalog
 
-    stack = catalog.load().get(args.stack)
+    stack = routing.stack_for(args, gpu=args.gpu, command="perplexity")
+    catalog.check_gpu(stack, args.gpu)  # before the model is fetched: no silent CPU fallback
     label = Path(args.model).name if Path(args.model).is_file() else args.model
 
     def model() -> Path:

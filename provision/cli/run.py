@@ -24,8 +24,9 @@ from provision.core.result import Result
 # The commands this module adds, with their one-line help (`provision --help` lists these
 # without importing anything a command needs).
 COMMANDS = {
-    "run": "run a command in a guest of STACK (podman machine on macOS, QEMU on Linux)",
+    "run": "run a command in a guest of STACK, or `run MODEL` to serve a model and chat with it",
 }
+USAGE = "provision run [STACK] [--gpu] [--model M] -- CMD …, or provision run MODEL --gpu (serve it and chat)"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         COMMANDS["run"],
         "provision run llama-linux --gpu --model tiny-llama -- vulkaninfo --summary",
+        "provision run tiny-llama --gpu    # serve the model and chat with it; leaving the chat stops it",
         "provision run --gpu -- vulkaninfo --summary    # the stack for this host, and why",
         "provision run llama-linux --dry-run --json -- true    # the plan as data",
         json=True,
@@ -72,9 +74,10 @@ def _options(p: argparse.ArgumentParser) -> None:
 def split_command(args: argparse.Namespace) -> list[str]:
     """REMAINDER swallows options written after STACK (`run llama --gpu -- cmd`): parse them here."""
     rest = routing.take_positional(args, list(args.cmd))
-    if "--" not in rest:
+    if "--" not in rest and not (rest and rest[0].startswith("-")):
         return rest
-    i = rest.index("--")
+    # `run MODEL --gpu` has options and no command: all of it is options
+    i = rest.index("--") if "--" in rest else len(rest)
     opts, cmd = rest[:i], rest[i + 1 :]
     if opts:
         from provision.cli import Parser  # E003 for a bad late option, like every other argument error
@@ -135,6 +138,8 @@ def run(args: argparse.Namespace) -> Result | int:
     from provision.core import catalog
 
     cmd = split_command(args)
+    if not cmd:  # `run MODEL` serves and chats, as `ramalama run` does; `run STACK` alone is a usage error
+        return serve_and_chat(args, _model_word(args))
     bounds = limits(args)
     stack = routing.stack_for(args, gpu=args.gpu, command="run")
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
@@ -148,3 +153,83 @@ def run(args: argparse.Namespace) -> Result | int:
 def plan_result(plan: Mapping[str, Any]) -> Result:
     """A dry run's plan: the data for ``--json``, the shell lines for a person."""
     return Result(dict(plan), str(plan.get("shell", "")))
+
+
+def _model_word(args: argparse.Namespace) -> str:
+    """The model of `run MODEL`: a word that is no stack but names a model. Anything else without a
+    command is a usage error (E003), or an unknown stack (E001, with the stacks near it)."""
+    from provision.core import catalog
+
+    word = args.stack
+    stacks = catalog.load()
+    if word is None or word in stacks.stacks:
+        what = f"stack {word!r} and " if word else ""
+        raise InvalidValue(f"provision run: {what}no command to run in the guest", fix=USAGE)
+    if args.model is not None:
+        raise InvalidValue(f"provision run {word}: a model named twice (--model {args.model})", fix=USAGE)
+    if not _is_model(word):
+        from provision.core.errors import UnknownStack
+        from provision.core.suggest import did_you_mean
+        from provision.models import names, store
+
+        hint = did_you_mean(word, [*stacks.stacks, *names.known_names(store.Store())])
+        raise UnknownStack(f"provision run {word}: neither a stack nor a model",
+                           fix=f"{hint} (`provision stacks`, `provision list`)" if hint else USAGE)  # fmt: skip
+    args.stack = None
+    return str(word)
+
+
+def _is_model(word: str) -> bool:
+    """Whether ``word`` names a model (a GGUF file, a stored, catalog or short name, a reference); no
+    network, nothing written."""
+    if Path(word).expanduser().is_file():
+        return True
+    from provision.core.errors import ProvisionError
+    from provision.models import names, store
+
+    try:
+        found = names.lookup(store.Store(), word)
+    except ProvisionError:
+        return False
+    return found.name is not None or found.catalog is not None or found.means != word
+
+
+def serve_and_chat(args: argparse.Namespace, model: str) -> Result | int:
+    """`provision run MODEL`: serve MODEL (the stack picked as serve picks it) on a free loopback port,
+    chat with it on this terminal, stop it when the chat ends (EOF, /bye, Ctrl-C or an error)."""
+    from provision.cli import build_parser
+
+    port = _free_port()
+    serve_argv = ["serve", "--model", model, "--port", str(port)]
+    serve_argv += ["--gpu"] if args.gpu else []
+    serve_argv += ["--route", args.route] if args.route else []
+    serve_argv += ["--stack", args.stack_option] if args.stack_option else []
+    serve_argv += ["--dry-run"] if args.dry_run else ["--detach"]
+    serve_args = build_parser("serve", full=False).parse_args(serve_argv)
+    serve_args.app = args.app
+    serve_args.ends = "leaving the chat (/exit or Ctrl-D) stops it"
+    started = serve_args.func(serve_args)
+    if args.dry_run:  # the serve's plan; the chat starts nothing of its own
+        assert isinstance(started, Result)
+        return Result({**dict(started.data), "then": "chat, stop"}, started.text)
+    from provision.serve import state as serve_state
+
+    assert isinstance(started, Result)
+    name = str(started.data["name"])
+    try:
+        chat_args = build_parser("chat", full=False).parse_args(["chat", name])
+        chat_args.app = args.app
+        chat_args.func(chat_args)
+    finally:
+        serve_state.stop(serve_state.find(name))
+        args.app.say("serve")(f"provision: stopped {name}")
+    return 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port

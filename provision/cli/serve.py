@@ -198,7 +198,8 @@ def _detach(args: argparse.Namespace, stack: Stack, host: str, name: str, option
     finally:
         report.unlink(missing_ok=True)
     entry = data["entry"]
-    args.app.say("serve")(f"provision: {name} is healthy at {entry['url']}/v1; `provision stop {name}` ends it")
+    ends = getattr(args, "ends", None) or f"`provision stop {name}` ends it"  # run MODEL: the chat's end
+    args.app.say("serve")(f"provision: {name} is healthy at {entry['url']}/v1; {ends}")
     return Result(entry, entry["url"])
 
 

@@ -90,9 +90,12 @@ class Catalog:
         try:
             return self.stacks[name]
         except KeyError:
+            from provision.core.suggest import did_you_mean
+
+            hint = did_you_mean(name, self.stacks)
             raise UnknownStack(
                 f"unknown stack {name!r} (known: {', '.join(sorted(self.stacks))})",
-                fix="run `provision stacks` to list them",
+                fix=f"{hint} (`provision stacks` lists them)" if hint else "run `provision stacks` to list them",
             ) from None
 
 

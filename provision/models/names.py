@@ -10,6 +10,7 @@ bare ollama NAME for NAME:latest. No network: only the short names, the catalog 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Protocol
@@ -17,6 +18,7 @@ from urllib.parse import unquote, urlsplit
 
 from provision.core.errors import BadModelName, InvalidValue, UnknownModel
 from provision.core.pins import Pins
+from provision.core.suggest import did_you_mean
 from provision.models import shortnames, transports
 from provision.models.records import DamagedRef, Ref
 from provision.models.refs import check_name, check_url, parse_hf
@@ -47,17 +49,19 @@ class Lookup:
     name: str | None  # the store name that holds it; None: nothing stored matches
     catalog: str | None  # the catalog model it names (a pull or synth can make it), if any
 
-    def missing(self, root: object) -> UnknownModel:
-        """E010 for a model that is not stored, with a fix that makes it (never a step already done)."""
+    def missing(self, root: object, known: Iterable[str] = ()) -> UnknownModel:
+        """E010 for a model that is not stored, with a fix that makes it (never a step already done); a
+        plain name nobody pulled gets the ``known`` names nearest to it first."""
         means = f" ({self.typed} is {self.means})" if self.means != self.typed else ""
         if self.catalog is not None:
             return UnknownModel(f"model {self.typed!r}{means} is not in the store {root}",
                                 fix=f"provision model pull {self.typed}")  # fmt: skip
         if _is_name(self.means) and _parse(self.means) is None:  # a plain name nobody pulled
+            hint = did_you_mean(self.typed, known)
             return UnknownModel(
                 f"model {self.typed!r}{means} is neither in the store {root} nor in the catalog",
-                fix="`provision model list` shows the names there are; pull a reference or URL first "
-                "(provision model pull REF)",
+                fix=(f"{hint} " if hint else "") + "`provision model list` shows the names there are; pull a "
+                "reference or URL first (provision model pull REF)",
             )
         return UnknownModel(f"model {self.typed!r}{means} is not in the store {root}; it was never pulled",
                             fix=f"provision model pull {self.typed}")  # fmt: skip
@@ -198,7 +202,7 @@ def stored(store: Store, typed: str) -> str:
     """The store name of what ``typed`` names; E010 (with a fix that makes it) when nothing stored matches."""
     found = lookup(store, typed)
     if found.name is None:
-        raise found.missing(store.root)
+        raise found.missing(store.root, known_names(store))
     return found.name
 
 
@@ -207,5 +211,11 @@ def store_name(store: Store, typed: str) -> str:
     found = lookup(store, typed)
     name = found.name or found.catalog
     if name is None:
-        raise found.missing(store.root)
+        raise found.missing(store.root, known_names(store))
     return name
+
+
+def known_names(store: Store) -> list[str]:
+    """Every name a user can type for a model without a reference: stored, catalog and short names."""
+    good, _damaged = store.scan()
+    return sorted({ref.name for ref in good} | set(store.pins.models) | set(shortnames.table()))

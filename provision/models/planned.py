@@ -21,5 +21,11 @@ def planned(name: str, settings: Settings | None = None) -> Path:
         if ref_path.is_file():
             return root / "blobs" / f"sha256-{load_ref(ref_path).sha256}"
     if (pin := pins.models.get(name)) is None:
-        raise UnknownModel(f"model {name!r} is neither in the catalog nor in the store", fix="provision model list")
+        from provision.core.suggest import did_you_mean
+        from provision.models import shortnames
+
+        stored = [p.stem for p in (root / "refs").glob("*.json")]
+        hint = did_you_mean(name, [*stored, *pins.models, *shortnames.table()])
+        raise UnknownModel(f"model {name!r} is neither in the catalog nor in the store",
+                           fix=f"{hint} (provision model list)" if hint else "provision model list")  # fmt: skip
     return root / "blobs" / f"sha256-{pin.sha256}"

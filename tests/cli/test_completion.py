@@ -13,11 +13,14 @@ import pytest
 from tests.helpers import run_provision
 
 BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def shell_env(cache: Path) -> dict[str, str]:
     assert (BIN / "provision").is_file(), f"no provision script in {BIN}: pip install -e ."
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PROVISION_CACHE": str(cache)}
+    # PYTHONPATH: the `provision` script of an editable install imports the tree it was installed from;
+    # the shells must run this tree's code
+    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PROVISION_CACHE": str(cache), "PYTHONPATH": str(ROOT)}
 
 
 def need(shell: str) -> str:
@@ -94,3 +97,36 @@ def test_completion_prints_the_script_for_each_shell(shell: str) -> None:
 def test_an_unknown_shell_is_e003() -> None:
     proc = run_provision("completion", "tcsh2")
     assert proc.returncode == 13 and "E003" in proc.stderr
+
+
+SERVE_HOLDER = """
+import sys, time
+from provision.serve import state
+entry = state.claim(state.own_entry(name=sys.argv[1], stack="cpu", model="tiny-llama", gpu=False,
+                                    host="127.0.0.1", port=18111))
+print("claimed", flush=True)
+time.sleep(120)
+"""
+
+
+def test_bash_completes_short_names_running_serves_and_run_model(empty_cache: Path) -> None:
+    # A serve as `provision ps` sees one: its entry claimed by a live process (the completer reads that registry)
+    env = shell_env(empty_cache)
+    holder = subprocess.Popen([sys.executable, "-c", SERVE_HOLDER, "tiny-18111"], stdout=subprocess.PIPE, text=True,
+                              env=env)  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "claimed"
+        lines = ["provision chat ", "provision stop tiny", "provision pull qwen2.5", "provision model pull smol",
+                 "provision run tiny"]  # fmt: skip
+        driver = BASH_DRIVER.split("ask \"provision run llama-l\"")[0] + "".join(f'ask "{line}"\n' for line in lines)
+        proc = subprocess.run([need("bash"), "-c", driver], capture_output=True, text=True, timeout=120, env=env)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 0, proc.stderr
+    got = sections(proc.stdout)
+    assert "tiny-18111" in got["provision chat "]  # beside chat's options
+    assert got["provision stop tiny"] == ["tiny-18111"]
+    assert any(n.startswith("qwen2.5") and ":" in n for n in got["provision pull qwen2.5"]), got  # a short name
+    assert any(n.startswith("smollm2") and ":" in n for n in got["provision model pull smol"]), got
+    assert "tiny-llama" in got["provision run tiny"]  # `run MODEL`
