@@ -23,6 +23,11 @@ from provision.core.log import say
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")
 _CACHE_HIT = re.compile(r"^--> Using cache [0-9a-f]+")
+# What names a build's buildah working containers: each stage's FROM image (its last path
+# component, e.g. "debian-builder") and each layer it committed or reused ("--> 402697f6c84").
+_FROM = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: FROM (\S+)", re.I)
+_LAYER = re.compile(r"^--> (?:Using cache )?([0-9a-f]{8,64})\s*$")
+_WORKING = re.compile(r"^(.+)-working-container(?:-\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -120,6 +125,60 @@ def build_command(
     return [*prefix, "podman", *global_args(flags), *args, *extra, str(context)]
 
 
+@dataclass
+class BuildTrace:
+    """The names one build's working containers can carry, read from its output as it streams."""
+
+    stems: set[str]
+
+    def see(self, line: str) -> None:
+        m = _FROM.match(line)
+        if m:
+            self.stems.add(m.group(1).rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0])
+        m = _LAYER.match(line)
+        if m:
+            self.stems.add(m.group(1)[:12])
+
+    def owns(self, name: str) -> bool:
+        m = _WORKING.match(name)
+        if not m:
+            return False
+        stem = m.group(1)
+        return any(stem == s or (len(s) >= 8 and stem.startswith(s)) or (len(stem) >= 8 and s.startswith(stem))
+                   for s in self.stems)
+
+
+def leftovers(before: set[str], now: dict[str, str], trace: BuildTrace) -> list[str]:
+    """Pure: the ids of working containers this build made and left (new since it started, named
+    after its FROM images or layers), never another build's: builds run side by side here."""
+    return sorted(cid for cid, name in now.items() if cid not in before and trace.owns(name))
+
+
+def external_containers(flags: BuildFlags) -> dict[str, str]:
+    """Every container in podman's storage, buildah's working containers included: id -> name."""
+    done = _podman(*global_args(flags), "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.Names}}")
+    if done.status != 0:
+        return {}
+    pairs = (line.split(" ", 1) for line in done.out.splitlines() if " " in line)
+    return {cid: name.strip() for cid, name in pairs}
+
+
+def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
+    """Remove (and so unmount) the working containers a build cut short left; a failure to
+    remove one is said, not raised, so it never hides why the build stopped."""
+    gone = []
+    for cid in leftovers(before, external_containers(flags), trace):
+        done = _podman(*global_args(flags), "rm", "--force", cid)
+        if done.status == 0:
+            gone.append(cid)
+        else:
+            log(f"image: could not remove working container {cid[:12]}: {done.err.strip()[-300:]} "
+                f"(fix: podman rm --force {cid[:12]})")
+    if gone:
+        log(f"image: removed {len(gone)} working container(s) the stopped build left")
+    return gone
+
+
 def parse_step(line: str) -> str | None:
     """'STEP 3/5: RUN x' or '[2/2] STEP 3/5: RUN x' -> '3/5 RUN x' (stage prefix dropped)."""
     m = _STEP.match(line)
@@ -152,9 +211,13 @@ def build(
     steps: list[str] = []
     cached = 0
 
+    trace = BuildTrace(set())
+    before = set(external_containers(flags))
+
     def on_line(line: str) -> None:
         nonlocal cached
         log(line)
+        trace.see(line)
         step = parse_step(line)
         if step:
             steps.append(step)
@@ -163,9 +226,15 @@ def build(
 
     # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
     # them), never an image under ``tag``. The build stops with provision; podman gets 10 s to
-    # let go of its layers when cut short.
-    done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+    # let go of its layers when cut short. Cut short (a signal, a failed step), podman leaves
+    # each stage's buildah working container mounted in its storage: they go on the way out.
+    try:
+        done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+    except BaseException:
+        remove_leftovers(before, trace, flags, log)
+        raise
     if done.status != 0:
+        remove_leftovers(before, trace, flags, log)
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(
             f"podman build of {tag} ({containerfile}{', network off' if offline else ''}) failed at STEP {failing} "
