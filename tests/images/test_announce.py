@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
+import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from provision.adapters import podman
-from provision.core import catalog, pins
+from provision.core import catalog, layout, pins
 from provision.images import announce
 from provision.images import build as images
 from tests.images.test_image_build import smoke_catalog
@@ -83,10 +85,11 @@ def _child(tmp_path: Path, base: str, tag: str) -> list[str]:
     return [sys.executable, "-c", CHILD, str(smoke_catalog(tmp_path, ["busybox true"])), base, tag]
 
 
-def _on_a_terminal(argv: list[str], answer: str) -> tuple[int, str]:
+def _on_a_terminal(argv: list[str], answer: str, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run ``argv`` with stdin, stdout and stderr on a pty; answer the question when it comes."""
     main, sub = pty.openpty()
-    proc = subprocess.Popen(argv, stdin=sub, stdout=sub, stderr=sub, env={**os.environ, "PROVISION_ASK_BUILDS": "1"})
+    env = {**os.environ, "PROVISION_ASK_BUILDS": "1", **(env or {})}
+    proc = subprocess.Popen(argv, stdin=sub, stdout=sub, stderr=sub, env=env)
     os.close(sub)
     out = b""
     answered = False
@@ -151,3 +154,23 @@ def test_without_a_terminal_the_build_is_announced_and_goes_ahead(tmp_path, busy
         assert podman.exists(tag)
     finally:
         subprocess.run(["podman", "rmi", "--force", tag], capture_output=True)
+
+
+@pytest.mark.slow
+@pytest.mark.podman
+def test_run_announces_and_asks_before_building_its_stacks_image(tmp_path):
+    """`provision run STACK` on a terminal, its image not built (templates changed by a comment,
+    so the tag is new): the announcement and question come before any build; no builds nothing."""
+    root = tmp_path / "data"
+    shutil.copytree(layout.data_root() / "containerfiles", root / "containerfiles")
+    shutil.copytree(layout.data_root() / "patches", root / "patches")
+    for template in (root / "containerfiles").glob("*.containerfile.j2"):
+        template.write_text(template.read_text() + f"\n# {uuid.uuid4().hex}\n")
+    argv = [sys.executable, "-m", "provision", "run", "cpu", "--", "true"]
+    status, out = _on_a_terminal(argv, "n", env={"PROVISION_DATA_ROOT": str(root)})
+    assert "this command needs the cpu image (localhost/krun-gpu/cpu:" in out, out
+    assert "apt packages, network on" in out and "usually" in out
+    assert status == 36 and "E026" in out, out
+    assert "STEP " not in out
+    tag = re.search(r"the cpu image \((localhost/krun-gpu/cpu:[0-9a-f]+)\)", out)
+    assert tag and not podman.exists(tag.group(1))
