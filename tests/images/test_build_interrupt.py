@@ -1,4 +1,4 @@
-"""A real podman build stopped by SIGINT mid-step leaves no buildah working container and no
+"""A real podman build stopped by SIGINT or SIGTERM mid-step leaves no buildah working container and no
 mount behind (podman alone leaves each stage's container mounted in its storage)."""
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from provision.images import build as images
 signals.stop_on_signals()
 try:
     podman.build(Path(sys.argv[1]), sys.argv[2], images.host_flags(), log=lambda line: print(line, flush=True))
-except KeyboardInterrupt:
+except KeyboardInterrupt as e:
     print("interrupted", flush=True)
-    sys.exit(130)
+    sys.exit(signals.exit_status(e))
 """
 
 
@@ -45,7 +45,8 @@ def mounted_layers() -> str:
     return Path("/proc/self/mountinfo").read_text()
 
 
-def test_sigint_mid_step_leaves_no_working_container_or_mount(tmp_path, busybox_image):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_mid_step_leaves_no_working_container_or_mount(tmp_path, busybox_image, sig):
     token = uuid.uuid4().hex
     (tmp_path / "Containerfile").write_text(
         f"FROM {busybox_image}\nRUN echo {token} > /first\nRUN echo running-{token}; sleep 300\n"
@@ -69,9 +70,9 @@ def test_sigint_mid_step_leaves_no_working_container_or_mount(tmp_path, busybox_
     assert during, "the running build has no working container of its own: nothing would be tested"
     assert any(f"/{layer}/merged" in mounted_layers() for layer in during.values())
 
-    child.send_signal(signal.SIGINT)
+    child.send_signal(sig)
     rest, _ = child.communicate(timeout=120)
-    assert child.returncode == 130, rest
+    assert child.returncode == 128 + sig, rest
     assert "interrupted" in rest
     left = {cid: layer for cid, layer in storage_layers().items() if cid in during}
     assert not left, f"working containers left: {left}\n{rest}"
