@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.adapters import partials, runner
+from provision.adapters import partials, procs, runner
+from provision.core import paths
 from provision.core.errors import ImageBuildFailed, ToolMissing
 from provision.core.log import say
 
@@ -148,26 +149,35 @@ class BuildTrace:
                    for s in self.stems)
 
 
-def leftovers(before: set[str], now: dict[str, str], trace: BuildTrace) -> list[str]:
+def leftovers(
+    before: set[str], now: dict[str, tuple[str, int]], trace: BuildTrace, until: float | None = None
+) -> list[str]:
     """Pure: the ids of working containers this build made and left (new since it started, named
-    after its FROM images or layers), never another build's: builds run side by side here."""
-    return sorted(cid for cid, name in now.items() if cid not in before and trace.owns(name))
+    after its FROM images or layers, made no later than ``until`` when given), never another
+    build's: builds run side by side here."""
+    return sorted(cid for cid, (name, made) in now.items()
+                  if cid not in before and trace.owns(name) and (until is None or made <= until))  # fmt: skip
 
 
-def external_containers(flags: BuildFlags) -> dict[str, str]:
-    """Every container in podman's storage, buildah's working containers included: id -> name."""
-    done = _podman(*global_args(flags), "ps", "-a", "--external", "--no-trunc", "--format", "{{.ID}} {{.Names}}")
+def external_containers(flags: BuildFlags) -> dict[str, tuple[str, int]]:
+    """Every container in podman's storage, buildah's working containers included:
+    id -> (name, when it was made, Unix seconds)."""
+    done = _podman(*global_args(flags), "ps", "-a", "--external", "--no-trunc", "--format", "json")
     if done.status != 0:
         return {}
-    pairs = (line.split(" ", 1) for line in done.out.splitlines() if " " in line)
-    return {cid: name.strip() for cid, name in pairs}
+    try:
+        rows = json.loads(done.out or "[]")
+        return {str(r["Id"]): (str((r.get("Names") or [""])[0]), int(r.get("Created", 0))) for r in rows}
+    except (ValueError, KeyError, TypeError):
+        return {}
 
 
-def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
+def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None],
+                     until: float | None = None) -> list[str]:  # fmt: skip
     """Remove (and so unmount) the working containers a build cut short left; a failure to
     remove one is said, not raised, so it never hides why the build stopped."""
     gone = []
-    for cid in leftovers(before, external_containers(flags), trace):
+    for cid in leftovers(before, external_containers(flags), trace, until):
         done = _podman(*global_args(flags), "rm", "--force", cid)
         if done.status == 0:
             gone.append(cid)
@@ -176,6 +186,62 @@ def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log
                 f"(fix: podman rm --force {cid[:12]})")
     if gone:
         log(f"image: removed {len(gone)} working container(s) the stopped build left")
+    return gone
+
+
+JOURNAL_SLACK_S = 30.0
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a running build has made so far (``builds/<pid>-<start>.json``): a build killed
+    outright (SIGKILL) cannot clean up, so the next build removes what it left."""
+
+    path: Path
+    before: frozenset[str]
+
+    @classmethod
+    def open(cls, before: set[str]) -> Journal:
+        me = os.getpid()
+        return cls(paths.cache_dir("builds") / f"{me}-{procs.start_time(me) or 0}.json", frozenset(before))
+
+    def write(self, trace: BuildTrace) -> None:
+        """Whole or not at all: a temp name, then rename."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({"before": sorted(self.before), "stems": sorted(trace.stems)}))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def heal_killed_builds(flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
+    """Remove the working containers of builds whose provision died (its journal left behind,
+    its pid gone or reused, no podman build of it still running). Not while another build runs:
+    its containers can carry the same names (same FROM image), so a build that runs alone heals."""
+    gone: list[str] = []
+    dead = []
+    for journal in sorted(paths.cache_dir("builds").glob("*-*.json")):
+        pid, _, start = journal.stem.partition("-")
+        if not (pid.isdigit() and start.isdigit()):
+            continue
+        if procs.start_time(int(pid)) == int(start):
+            return []  # a provision build is running now
+        if any(r.owner == int(pid) and r.alive() for d in procs.record_dirs() for r in procs.records(d)):
+            return []  # a killed build is still being stopped (the reaper); the next build looks again
+        dead.append(journal)
+    for journal in dead:
+        try:
+            data = json.loads(journal.read_text())
+            before, trace = set(data["before"]), BuildTrace(set(data["stems"]))
+            # the dead build made each container just after it wrote the name down; one made
+            # well after that is another build's (podman run by hand, an older provision)
+            until = journal.stat().st_mtime + JOURNAL_SLACK_S
+        except (OSError, ValueError, KeyError, TypeError):
+            journal.unlink(missing_ok=True)
+            continue
+        gone += remove_leftovers(before, trace, flags, log, until)
+        journal.unlink(missing_ok=True)
     return gone
 
 
@@ -211,13 +277,19 @@ def build(
     steps: list[str] = []
     cached = 0
 
+    heal_killed_builds(flags, log)
     trace = BuildTrace(set())
     before = set(external_containers(flags))
+    journal = Journal.open(before)
+    journal.write(trace)
 
     def on_line(line: str) -> None:
         nonlocal cached
         log(line)
+        known = len(trace.stems)
         trace.see(line)
+        if len(trace.stems) != known:
+            journal.write(trace)
         step = parse_step(line)
         if step:
             steps.append(step)
@@ -230,11 +302,14 @@ def build(
     # each stage's buildah working container mounted in its storage: they go on the way out.
     try:
         done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+        if done.status != 0:
+            remove_leftovers(before, trace, flags, log)
     except BaseException:
         remove_leftovers(before, trace, flags, log)
         raise
+    finally:
+        journal.close()
     if done.status != 0:
-        remove_leftovers(before, trace, flags, log)
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(
             f"podman build of {tag} ({containerfile}{', network off' if offline else ''}) failed at STEP {failing} "

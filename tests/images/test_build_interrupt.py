@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from provision.adapters import podman
+from provision.images import build as images
 
 pytestmark = [pytest.mark.slow, pytest.mark.podman]
 
@@ -88,8 +89,53 @@ def test_only_this_builds_new_containers_count_as_its_leftovers():
     for line in ("STEP 1/3: FROM localhost/krun-gpu-test/busybox:1_1.35 AS build", "--> Using cache 2c236b29131b0f",
                  "--> 402697f6c84", "[2/2] STEP 1/2: FROM build"):  # fmt: skip
         trace.see(line)
-    now = {"a1": "busybox-working-container", "a2": "402697f6c84f-working-container-1",
-           "a3": "2c236b29131b-working-container", "a4": "ffffffffffff-working-container",
-           "a5": "busybox-working-container-2", "a6": "my-app"}  # fmt: skip
-    # a5 was there before the build started (another build's); a4 and a6 are not named after this build
-    assert podman.leftovers({"a5"}, now, trace) == ["a1", "a2", "a3"]
+    now = {"a1": ("busybox-working-container", 100), "a2": ("402697f6c84f-working-container-1", 101),
+           "a3": ("2c236b29131b-working-container", 102), "a4": ("ffffffffffff-working-container", 100),
+           "a5": ("busybox-working-container-2", 90), "a6": ("my-app", 100),
+           "a7": ("busybox-working-container-3", 500)}  # fmt: skip
+    # a5 was there before the build started (another build's); a4 and a6 are not named after this
+    # build; a7 was made long after a killed build last wrote its journal
+    assert podman.leftovers({"a5"}, now, trace, until=200) == ["a1", "a2", "a3"]
+    assert podman.leftovers({"a5"}, now, trace) == ["a1", "a2", "a3", "a7"]
+
+
+def test_the_next_build_removes_what_a_sigkilled_build_left(tmp_path, busybox_image):
+    """SIGKILL leaves provision no way out: its working containers stay until the next build."""
+    from provision.adapters import procs
+
+    token = uuid.uuid4().hex
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    (killed / "Containerfile").write_text(f"FROM {busybox_image}\nRUN echo running-{token}; sleep 300\n")
+    before = set(storage_layers())
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(killed), f"localhost/krun-gpu-test/killed:{token[:12]}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    assert child.stdout is not None
+    for line in child.stdout:
+        if line.strip() == f"running-{token}":
+            break
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 30  # the reaper stops the orphaned podman build
+    while time.monotonic() < deadline and any(
+        r.owner == child.pid and r.alive() for d in procs.record_dirs() for r in procs.records(d)
+    ):
+        time.sleep(0.5)
+    left = {cid: layer for cid, layer in storage_layers().items() if cid not in before}
+    assert left, "the killed build left nothing: nothing would be tested"
+
+    nxt = tmp_path / "next"
+    nxt.mkdir()
+    (nxt / "Containerfile").write_text(f"FROM {busybox_image}\nRUN echo {token} > /next\n")
+    said: list[str] = []
+    tag = f"localhost/krun-gpu-test/next:{token[:12]}"
+    try:
+        podman.build(nxt, tag, images.host_flags(), log=said.append)
+    finally:
+        subprocess.run(["podman", "rmi", "--force", tag], capture_output=True)
+    assert not set(storage_layers()) & set(left), said
+    mounts = mounted_layers()
+    assert not [layer for layer in left.values() if f"/{layer}/" in mounts]
+    assert any("removed" in line and "working container" in line for line in said), said
