@@ -9,6 +9,7 @@ a user who typed `run` should learn that, and on a terminal be asked, before any
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,8 +110,12 @@ def asks(given: settings.Settings | None = None) -> bool:
 
 def terminal_ask(given: settings.Settings | None = None) -> Ask | None:
     """A question to the person at the terminal, or None where nobody can answer (stdin or stderr
-    not a terminal) or the setting ask_builds is off."""
+    not a terminal), the setting ask_builds is off, or the caller is not the main thread: the API
+    server runs jobs in threads, and a server started from a shell would otherwise stop a
+    client's job to wait for a key at the server's terminal."""
     if not asks(given):
+        return None
+    if threading.current_thread() is not threading.main_thread():
         return None
     if not (sys.stdin.isatty() and sys.stderr.isatty()):
         return None

@@ -4,6 +4,7 @@ the announcement where nobody can answer."""
 
 from __future__ import annotations
 
+import io
 import os
 import pty
 import re
@@ -11,6 +12,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from provision.adapters import podman
-from provision.core import catalog, layout, pins
+from provision.core import catalog, layout, pins, settings
 from provision.images import announce
 from provision.images import build as images
 from tests.images.test_image_build import smoke_catalog
@@ -174,3 +176,31 @@ def test_run_announces_and_asks_before_building_its_stacks_image(tmp_path):
     assert "STEP " not in out
     tag = re.search(r"the cpu image \((localhost/krun-gpu/cpu:[0-9a-f]+)\)", out)
     assert tag and not podman.exists(tag.group(1))
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_only_the_main_thread_on_a_terminal_asks_and_ask_builds_0_never(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _Tty("y\n"))
+    monkeypatch.setattr(sys, "stderr", _Tty())
+    ask = announce.terminal_ask(settings.load(flags=["ask_builds=1"]))
+    assert ask is not None and ask("build it now? [y/N] ") is True
+    assert sys.stderr.getvalue() == "build it now? [y/N] "
+    assert announce.terminal_ask(settings.load(flags=["ask_builds=0"])) is None
+    from_a_job: list[object] = []
+    job = threading.Thread(target=lambda: from_a_job.append(announce.terminal_ask(settings.load())))
+    job.start()
+    job.join()
+    assert from_a_job == [None]  # an API job's thread never waits on the server's terminal
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # not a terminal
+    assert announce.terminal_ask(settings.load(flags=["ask_builds=1"])) is None
+
+
+def test_end_of_input_is_no(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", _Tty(""))
+    monkeypatch.setattr(sys, "stderr", _Tty())
+    ask = announce.terminal_ask(settings.load(flags=["ask_builds=1"]))
+    assert ask is not None and ask("build it now? [y/N] ") is False
