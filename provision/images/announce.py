@@ -146,7 +146,7 @@ def confirm(work: Work, *, ask: Ask | None, log: Callable[[str], None]) -> None:
     if not ask("build it now? [y/N] "):
         raise RunCancelled(f"{work.title}: build declined; nothing was fetched or built",
                            fix=f"run `{work.command}` first, or run again and answer y "
-                           "(PROVISION_ASK_BUILDS=0 never asks)")  # fmt: skip
+                           "(--yes or PROVISION_ASK_BUILDS=0 never asks)")  # fmt: skip
 
 
 TERMINAL = "terminal"

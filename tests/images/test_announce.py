@@ -204,3 +204,24 @@ def test_end_of_input_is_no(monkeypatch):
     monkeypatch.setattr(sys, "stderr", _Tty())
     ask = announce.terminal_ask(settings.load(flags=["ask_builds=1"]))
     assert ask is not None and ask("build it now? [y/N] ") is False
+
+
+@pytest.mark.slow
+@pytest.mark.podman
+def test_run_yes_builds_without_asking(tmp_path):
+    """`run --yes` on a terminal: the announcement, no question, and the build starts (its first
+    package step made to fail at once, so the test does not fetch a package)."""
+    root = tmp_path / "data"
+    shutil.copytree(layout.data_root() / "containerfiles", root / "containerfiles")
+    shutil.copytree(layout.data_root() / "patches", root / "patches")
+    template = root / "containerfiles" / "packages-debian.containerfile.j2"
+    marker = f"stop-{uuid.uuid4().hex}"
+    text = template.read_text()
+    assert "\nFROM {{ base_image }}\n" in text
+    failing = f"\nFROM {{{{ base_image }}}}\nRUN echo {marker}; exit 3\n"
+    template.write_text(text.replace("\nFROM {{ base_image }}\n", failing, 1))
+    argv = [sys.executable, "-m", "provision", "run", "--yes", "cpu", "--", "true"]
+    status, out = _on_a_terminal(argv, "n", env={"PROVISION_DATA_ROOT": str(root)})
+    assert "this command needs the cpu image" in out, out
+    assert "[y/N]" not in out and "not asking (no terminal, or ask_builds is 0); building" in out
+    assert marker in out and "E005" in out and status != 0, out
