@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from provision.adapters import partials, procs, runner
+from provision.adapters import partials, runner
 from provision.core import paths
 from provision.core.errors import ImageBuildFailed, ToolMissing
 from provision.core.log import say
@@ -203,7 +203,7 @@ class Journal:
     @classmethod
     def open(cls, before: set[str]) -> Journal:
         me = os.getpid()
-        return cls(paths.cache_dir("builds") / f"{me}-{procs.start_time(me) or 0}.json", frozenset(before))
+        return cls(paths.cache_dir("builds") / f"{me}-{runner.start_time(me) or 0}.json", frozenset(before))
 
     def write(self, trace: BuildTrace) -> None:
         """Whole or not at all: a temp name, then rename."""
@@ -225,9 +225,9 @@ def heal_killed_builds(flags: BuildFlags, log: Callable[[str], None]) -> list[st
         pid, _, start = journal.stem.partition("-")
         if not (pid.isdigit() and start.isdigit()):
             continue
-        if procs.start_time(int(pid)) == int(start):
+        if runner.start_time(int(pid)) == int(start):
             return []  # a provision build is running now
-        if any(r.owner == int(pid) and r.alive() for d in procs.record_dirs() for r in procs.records(d)):
+        if runner.children_running(int(pid)):
             return []  # a killed build is still being stopped (the reaper); the next build looks again
         dead.append(journal)
     for journal in dead:
