@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,37 +128,44 @@ def build_command(
     return [*prefix, "podman", *global_args(flags), *args, *extra, str(context)]
 
 
+# A working container is made the moment its name appears in the build's output (the FROM
+# line, the layer line before the next step): one made outside this window around that moment
+# is another build's, even with the same name (two builds FROM the same image at once).
+MADE_WITHIN_S = (-2.0, 15.0)
+
+
 @dataclass
 class BuildTrace:
-    """The names one build's working containers can carry, read from its output as it streams."""
+    """The names one build's working containers can carry, read from its output as it streams,
+    each with when it appeared (Unix seconds)."""
 
-    stems: set[str]
+    stems: dict[str, float]
 
-    def see(self, line: str) -> None:
+    def see(self, line: str, now: float | None = None) -> bool:
+        """Note the name ``line`` gives; True when it is new."""
         m = _FROM.match(line)
-        if m:
-            self.stems.add(m.group(1).rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0])
+        stem = m.group(1).rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] if m else None
         m = _LAYER.match(line)
-        if m:
-            self.stems.add(m.group(1)[:12])
+        stem = m.group(1)[:12] if m else stem
+        if stem is None or stem in self.stems:
+            return False
+        self.stems[stem] = time.time() if now is None else now
+        return True
 
-    def owns(self, name: str) -> bool:
+    def owns(self, name: str, made: float) -> bool:
         m = _WORKING.match(name)
         if not m:
             return False
-        stem = m.group(1)
-        return any(stem == s or (len(s) >= 8 and stem.startswith(s)) or (len(stem) >= 8 and s.startswith(stem))
-                   for s in self.stems)
+        stem, (early, late) = m.group(1), MADE_WITHIN_S
+        return any((stem == s or (len(s) >= 8 and stem.startswith(s)) or (len(stem) >= 8 and s.startswith(stem)))
+                   and at + early <= made <= at + late for s, at in self.stems.items())  # fmt: skip
 
 
-def leftovers(
-    before: set[str], now: dict[str, tuple[str, int]], trace: BuildTrace, until: float | None = None
-) -> list[str]:
+def leftovers(before: set[str], now: dict[str, tuple[str, int]], trace: BuildTrace) -> list[str]:
     """Pure: the ids of working containers this build made and left (new since it started, named
-    after its FROM images or layers, made no later than ``until`` when given), never another
-    build's: builds run side by side here."""
-    return sorted(cid for cid, (name, made) in now.items()
-                  if cid not in before and trace.owns(name) and (until is None or made <= until))  # fmt: skip
+    after one of its FROM images or layers when that name appeared), never another build's:
+    builds run side by side here."""
+    return sorted(cid for cid, (name, made) in now.items() if cid not in before and trace.owns(name, made))
 
 
 def external_containers(flags: BuildFlags) -> dict[str, tuple[str, int]]:
@@ -172,12 +181,11 @@ def external_containers(flags: BuildFlags) -> dict[str, tuple[str, int]]:
         return {}
 
 
-def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None],
-                     until: float | None = None) -> list[str]:  # fmt: skip
+def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
     """Remove (and so unmount) the working containers a build cut short left; a failure to
     remove one is said, not raised, so it never hides why the build stopped."""
     gone = []
-    for cid in leftovers(before, external_containers(flags), trace, until):
+    for cid in leftovers(before, external_containers(flags), trace):
         done = _podman(*global_args(flags), "rm", "--force", cid)
         if done.status == 0:
             gone.append(cid)
@@ -189,13 +197,11 @@ def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log
     return gone
 
 
-JOURNAL_SLACK_S = 30.0
-
-
 @dataclass(frozen=True)
 class Journal:
-    """What a running build has made so far (``builds/<pid>-<start>.json``): a build killed
-    outright (SIGKILL) cannot clean up, so the next build removes what it left."""
+    """What a running build has made so far (``builds/<pid>-<start>-<thread>.json``; API jobs
+    build in threads): a build killed outright (SIGKILL) cannot clean up, so the next build
+    removes what it left."""
 
     path: Path
     before: frozenset[str]
@@ -203,12 +209,13 @@ class Journal:
     @classmethod
     def open(cls, before: set[str]) -> Journal:
         me = os.getpid()
-        return cls(paths.cache_dir("builds") / f"{me}-{runner.start_time(me) or 0}.json", frozenset(before))
+        name = f"{me}-{runner.start_time(me) or 0}-{threading.get_ident()}.json"
+        return cls(paths.cache_dir("builds") / name, frozenset(before))
 
     def write(self, trace: BuildTrace) -> None:
         """Whole or not at all: a temp name, then rename."""
         tmp = self.path.with_name(f".{self.path.name}.tmp")
-        tmp.write_text(json.dumps({"before": sorted(self.before), "stems": sorted(trace.stems)}))
+        tmp.write_text(json.dumps({"before": sorted(self.before), "stems": trace.stems}))
         os.replace(tmp, self.path)
 
     def close(self) -> None:
@@ -221,8 +228,8 @@ def heal_killed_builds(flags: BuildFlags, log: Callable[[str], None]) -> list[st
     its containers can carry the same names (same FROM image), so a build that runs alone heals."""
     gone: list[str] = []
     dead = []
-    for journal in sorted(paths.cache_dir("builds").glob("*-*.json")):
-        pid, _, start = journal.stem.partition("-")
+    for journal in sorted(paths.cache_dir("builds").glob("*-*-*.json")):
+        pid, start, _ = journal.stem.split("-", 2)
         if not (pid.isdigit() and start.isdigit()):
             continue
         if runner.start_time(int(pid)) == int(start):
@@ -233,14 +240,12 @@ def heal_killed_builds(flags: BuildFlags, log: Callable[[str], None]) -> list[st
     for journal in dead:
         try:
             data = json.loads(journal.read_text())
-            before, trace = set(data["before"]), BuildTrace(set(data["stems"]))
-            # the dead build made each container just after it wrote the name down; one made
-            # well after that is another build's (podman run by hand, an older provision)
-            until = journal.stat().st_mtime + JOURNAL_SLACK_S
+            before = set(data["before"])
+            trace = BuildTrace({str(k): float(v) for k, v in dict(data["stems"]).items()})
         except (OSError, ValueError, KeyError, TypeError):
             journal.unlink(missing_ok=True)
             continue
-        gone += remove_leftovers(before, trace, flags, log, until)
+        gone += remove_leftovers(before, trace, flags, log)
         journal.unlink(missing_ok=True)
     return gone
 
@@ -278,7 +283,7 @@ def build(
     cached = 0
 
     heal_killed_builds(flags, log)
-    trace = BuildTrace(set())
+    trace = BuildTrace({})
     before = set(external_containers(flags))
     journal = Journal.open(before)
     journal.write(trace)
@@ -286,9 +291,7 @@ def build(
     def on_line(line: str) -> None:
         nonlocal cached
         log(line)
-        known = len(trace.stems)
-        trace.see(line)
-        if len(trace.stems) != known:
+        if trace.see(line):
             journal.write(trace)
         step = parse_step(line)
         if step:
