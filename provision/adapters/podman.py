@@ -12,17 +12,25 @@ import hashlib
 import json
 import os
 import re
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from provision.adapters import partials, runner
+from provision.core import paths
 from provision.core.errors import ImageBuildFailed, ToolMissing
 from provision.core.log import say
 
 # Multi-stage builds prefix each line with the stage: "[1/2] STEP 7/7: RUN ...".
 _STEP = re.compile(r"^(?:\[\d+/\d+\] )?STEP (\d+)/(\d+): (.*)$")
 _CACHE_HIT = re.compile(r"^--> Using cache [0-9a-f]+")
+# What names a build's buildah working containers: each stage's FROM image (its last path
+# component, e.g. "debian-builder") and each layer it committed or reused ("--> 402697f6c84").
+_FROM = re.compile(r"^(?:\[\d+/\d+\] )?STEP \d+/\d+: FROM (\S+)", re.I)
+_LAYER = re.compile(r"^--> (?:Using cache )?([0-9a-f]{8,64})\s*$")
+_WORKING = re.compile(r"^(.+)-working-container(?:-\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,128 @@ def build_command(
     return [*prefix, "podman", *global_args(flags), *args, *extra, str(context)]
 
 
+# A working container is made the moment its name appears in the build's output (the FROM
+# line, the layer line before the next step): one made outside this window around that moment
+# is another build's, even with the same name (two builds FROM the same image at once).
+MADE_WITHIN_S = (-2.0, 15.0)
+
+
+@dataclass
+class BuildTrace:
+    """The names one build's working containers can carry, read from its output as it streams,
+    each with when it appeared (Unix seconds)."""
+
+    stems: dict[str, float]
+
+    def see(self, line: str, now: float | None = None) -> bool:
+        """Note the name ``line`` gives; True when it is new."""
+        m = _FROM.match(line)
+        stem = m.group(1).rsplit("/", 1)[-1].split("@", 1)[0].split(":", 1)[0] if m else None
+        m = _LAYER.match(line)
+        stem = m.group(1)[:12] if m else stem
+        if stem is None or stem in self.stems:
+            return False
+        self.stems[stem] = time.time() if now is None else now
+        return True
+
+    def owns(self, name: str, made: float) -> bool:
+        m = _WORKING.match(name)
+        if not m:
+            return False
+        stem, (early, late) = m.group(1), MADE_WITHIN_S
+        return any((stem == s or (len(s) >= 8 and stem.startswith(s)) or (len(stem) >= 8 and s.startswith(stem)))
+                   and at + early <= made <= at + late for s, at in self.stems.items())  # fmt: skip
+
+
+def leftovers(before: set[str], now: dict[str, tuple[str, int]], trace: BuildTrace) -> list[str]:
+    """Pure: the ids of working containers this build made and left (new since it started, named
+    after one of its FROM images or layers when that name appeared), never another build's:
+    builds run side by side here."""
+    return sorted(cid for cid, (name, made) in now.items() if cid not in before and trace.owns(name, made))
+
+
+def external_containers(flags: BuildFlags) -> dict[str, tuple[str, int]]:
+    """Every container in podman's storage, buildah's working containers included:
+    id -> (name, when it was made, Unix seconds)."""
+    done = _podman(*global_args(flags), "ps", "-a", "--external", "--no-trunc", "--format", "json")
+    if done.status != 0:
+        return {}
+    try:
+        rows = json.loads(done.out or "[]")
+        return {str(r["Id"]): (str((r.get("Names") or [""])[0]), int(r.get("Created", 0))) for r in rows}
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def remove_leftovers(before: set[str], trace: BuildTrace, flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
+    """Remove (and so unmount) the working containers a build cut short left; a failure to
+    remove one is said, not raised, so it never hides why the build stopped."""
+    gone = []
+    for cid in leftovers(before, external_containers(flags), trace):
+        done = _podman(*global_args(flags), "rm", "--force", cid)
+        if done.status == 0:
+            gone.append(cid)
+        else:
+            log(f"image: could not remove working container {cid[:12]}: {done.err.strip()[-300:]} "
+                f"(fix: podman rm --force {cid[:12]})")
+    if gone:
+        log(f"image: removed {len(gone)} working container(s) the stopped build left")
+    return gone
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a running build has made so far (``builds/<pid>-<start>-<thread>.json``; API jobs
+    build in threads): a build killed outright (SIGKILL) cannot clean up, so the next build
+    removes what it left."""
+
+    path: Path
+    before: frozenset[str]
+
+    @classmethod
+    def open(cls, before: set[str]) -> Journal:
+        me = os.getpid()
+        name = f"{me}-{runner.start_time(me) or 0}-{threading.get_ident()}.json"
+        return cls(paths.cache_dir("builds") / name, frozenset(before))
+
+    def write(self, trace: BuildTrace) -> None:
+        """Whole or not at all: a temp name, then rename."""
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps({"before": sorted(self.before), "stems": trace.stems}))
+        os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def heal_killed_builds(flags: BuildFlags, log: Callable[[str], None]) -> list[str]:
+    """Remove the working containers of builds whose provision died (its journal left behind,
+    its pid gone or reused, no podman build of it still running). Not while another build runs:
+    its containers can carry the same names (same FROM image), so a build that runs alone heals."""
+    gone: list[str] = []
+    dead = []
+    for journal in sorted(paths.cache_dir("builds").glob("*-*-*.json")):
+        pid, start, _ = journal.stem.split("-", 2)
+        if not (pid.isdigit() and start.isdigit()):
+            continue
+        if runner.start_time(int(pid)) == int(start):
+            return []  # a provision build is running now
+        if runner.children_running(int(pid)):
+            return []  # a killed build is still being stopped (the reaper); the next build looks again
+        dead.append(journal)
+    for journal in dead:
+        try:
+            data = json.loads(journal.read_text())
+            before = set(data["before"])
+            trace = BuildTrace({str(k): float(v) for k, v in dict(data["stems"]).items()})
+        except (OSError, ValueError, KeyError, TypeError):
+            journal.unlink(missing_ok=True)
+            continue
+        gone += remove_leftovers(before, trace, flags, log)
+        journal.unlink(missing_ok=True)
+    return gone
+
+
 def parse_step(line: str) -> str | None:
     """'STEP 3/5: RUN x' or '[2/2] STEP 3/5: RUN x' -> '3/5 RUN x' (stage prefix dropped)."""
     m = _STEP.match(line)
@@ -152,9 +282,17 @@ def build(
     steps: list[str] = []
     cached = 0
 
+    heal_killed_builds(flags, log)
+    trace = BuildTrace({})
+    before = set(external_containers(flags))
+    journal = Journal.open(before)
+    journal.write(trace)
+
     def on_line(line: str) -> None:
         nonlocal cached
         log(line)
+        if trace.see(line):
+            journal.write(trace)
         step = parse_step(line)
         if step:
             steps.append(step)
@@ -163,8 +301,17 @@ def build(
 
     # Tagged only when complete: a killed build leaves cached layers (the next build resumes from
     # them), never an image under ``tag``. The build stops with provision; podman gets 10 s to
-    # let go of its layers when cut short.
-    done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+    # let go of its layers when cut short. Cut short (a signal, a failed step), podman leaves
+    # each stage's buildah working container mounted in its storage: they go on the way out.
+    try:
+        done = runner.run(cmd, name="podman-build", on_line=on_line, grace_s=10.0)
+        if done.status != 0:
+            remove_leftovers(before, trace, flags, log)
+    except BaseException:
+        remove_leftovers(before, trace, flags, log)
+        raise
+    finally:
+        journal.close()
     if done.status != 0:
         failing = steps[-1] if steps else "(before the first step)"
         raise ImageBuildFailed(

@@ -314,5 +314,10 @@ def parent(pid: int) -> int | None:
     return procs.parent(pid)
 
 
+def children_running(owner: int) -> bool:
+    """Whether a recorded child of provision ``owner`` still runs (the reaper may be stopping it)."""
+    return any(r.owner == owner and r.alive() for d in procs.record_dirs() for r in procs.records(d))
+
+
 def elapsed(since: float) -> str:
     return f"{time.monotonic() - since:.1f} s"

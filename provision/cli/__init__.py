@@ -282,7 +282,10 @@ def _dispatch(args: argparse.Namespace, command: str, want_json: bool, argv: Seq
     from provision.core import settings as settings_mod
     from provision.core.app import App
 
-    settings = settings_mod.load(flags=getattr(args, "set", None) or ())
+    flags = [*(getattr(args, "set", None) or ())]
+    if getattr(args, "yes_build", False):  # run/serve/bench --yes: a missing image is built unasked
+        flags.append("ask_builds=0")
+    settings = settings_mod.load(flags=flags)
     app = App(settings, verbose=getattr(args, "verbose", 0) or 0, quiet=bool(getattr(args, "quiet", False)))
     args.app = app
     # Handlers hand ``app.settings`` down. ``installed`` is for what runs below a caller that has no

@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                 "provision bench run llama-linux --model tiny-llama --out out/bench", json=True)  # fmt: skip
     p.add_argument("stack", nargs="?", help="default: the GPU stack chosen for this host (the why is printed)")
     routing.add_stack_option(p)
+    p.add_argument("--yes", "-y", dest="yes_build", action="store_true",
+                   help="build the stack's image without asking when it is missing ($PROVISION_ASK_BUILDS=0)")
     p.add_argument("--model", default="tiny-llama", help="store model name or GGUF path (default: tiny-llama)")
     p.add_argument("--timeout", type=float, default=900, help="seconds for the guest run (default 900)")
     p.add_argument("--out", type=Path, help="directory for the JSON and PNG (default: the cache's bench/)")

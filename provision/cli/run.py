@@ -49,6 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true", help="print the plan (QEMU's command line), start nothing")
+    p.add_argument("--yes", "-y", dest="yes_build", action="store_true",
+                   help="build the stack's image without asking when it is missing ($PROVISION_ASK_BUILDS=0)")
     p.add_argument("--gpu", action="store_true", help="give the guest the host GPU (E007 on a stack without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path, mounted read-only")

@@ -44,6 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
+    p.add_argument("--yes", "-y", dest="yes_build", action="store_true",
+                   help="build the stack's image without asking when it is missing ($PROVISION_ASK_BUILDS=0)")
     p.add_argument("--port", type=int, default=8080, help="host port (default 8080)")
     p.add_argument("--host", default="127.0.0.1", help="host address to publish on (default 127.0.0.1)")
     p.add_argument("--allow-remote", action="store_true", help="allow a --host beyond loopback (no auth!)")

@@ -21,6 +21,8 @@ LAYOUT: dict[str, str] = {
     "sources": "pinned source trees and sdists: llama.cpp, the kdrm headers (images/sources.py, apir/builds.py)",
     "rootfs": "sid root filesystems for image builds (images/build.py)",
     "contexts": "podman build contexts, one per stack and content key (images/build.py)",
+    "builds": "what each running podman build has made, so the next build removes what a killed one left "
+              "(adapters/podman.py)",
     "ggml": "cached ggml builds, one per variant and key (apir/builds.py)",
     "virgl-apir": "the virglrenderer-APIR mirror, sources and chroot build (apir/virglrenderer.py, hosts/linux/apir)",
     "virgl-vtest": "the patched vtest server's source copy and chroot build (hosts/linux/vtest_server.py)",

@@ -166,6 +166,8 @@ SPECS: tuple[Spec, ...] = (
          "podman build --isolation", "decided from the host: chroot inside a container", example="oci"),
     Spec("ask_above", "PROVISION_ASK_ABOVE", "2G", SIZE, "an interactive model pull asks before more than this",
          example="4G"),
+    Spec("ask_builds", "PROVISION_ASK_BUILDS", "1", SWITCH, "on a terminal, ask before a build the command "
+         "needs but was not named for (0: never ask)", example="0"),
     Spec("shortnames", "PROVISION_SHORTNAMES", _shortnames_default, PATH, "your model shortnames file",
          "shortnames.conf in the user config directory", example="~/shortnames.conf"),
     Spec("ollama_registry", "PROVISION_OLLAMA_REGISTRY", None, HOST, "registry for ollama:// and NAME:TAG",
@@ -193,6 +195,7 @@ class Values:
     stall_s: float
     podman_isolation: Literal["chroot", "oci", "rootless"] | None
     ask_above: int
+    ask_builds: bool
     shortnames: Path
     ollama_registry: str | None
     docker_registry: str | None

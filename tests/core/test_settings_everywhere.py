@@ -160,6 +160,7 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
     from provision.hosts.linux import accel, apir_host, slots
     from provision.hosts.linux import facts as linux
     from provision.hosts.linux import tools as host_tools
+    from provision.images import announce
     from provision.images import build as images
     from provision.models import download, fetch, shortnames
 
@@ -181,6 +182,7 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
         "stall_s": ("0.5", download.stall_seconds, 0.5),
         "podman_isolation": ("oci", lambda: images.host_flags().isolation, "oci"),
         "ask_above": ("1K", fetch.ask_threshold, 1024),
+        "ask_builds": ("0", announce.asks, False),
         "shortnames": (str(tmp / "mine.conf"), shortnames.user_file, tmp / "mine.conf"),
         "ollama_registry": ("reg.example:5000", lambda: shortnames.registry("ollama"), "reg.example:5000"),
         "docker_registry": ("reg.example:5001", lambda: shortnames.registry("docker"), "reg.example:5001"),
@@ -274,6 +276,7 @@ def _given(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[se
     from provision.hosts.linux import accel, apir_host, slots
     from provision.hosts.linux import facts as linux
     from provision.hosts.linux import tools as host_tools
+    from provision.images import announce
     from provision.images import build as images
     from provision.models import download, fetch, shortnames
 
@@ -291,6 +294,7 @@ def _given(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[se
         "stall_s": download.stall_seconds,
         "podman_isolation": lambda s: images.host_flags(s).isolation,
         "ask_above": fetch.ask_threshold,
+        "ask_builds": announce.asks,
         "shortnames": shortnames.user_file,
         "ollama_registry": lambda s: shortnames.registry("ollama", s),
         "docker_registry": lambda s: shortnames.registry("docker", s),

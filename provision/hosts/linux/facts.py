@@ -98,14 +98,9 @@ def image_tag(stack: Stack) -> str:
 
 def image_for(stack: Stack) -> tuple[str, str]:
     """(image ref, image id) of the stack's image: the one already built for these pins, else a build."""
-    from provision.adapters import podman
-    from provision.images import build as images
+    from provision.images import announce
 
-    ref = image_tag(stack)
-    if podman.exists(ref):
-        return ref, str(podman.inspect(ref)["Id"])
-    built = images.build(stack.name)
-    return built.ref, built.image_id
+    return announce.build_unasked(stack.name, needed_by="this command")
 
 
 def root_disk(stack: Stack) -> vmdisk.RootDisk:
