@@ -10,6 +10,7 @@ import subprocess
 import pytest
 
 from provision.adapters import podman
+from provision.apir import preflight
 from provision.core import catalog, pins
 from provision.images import build as images
 
@@ -24,7 +25,8 @@ def built() -> images.BuiltImage:
 def test_image_carries_the_route_protocol_and_patch(built):
     labels = podman.labels(built.ref)
     assert labels["krun-gpu.route"] == "apir"
-    assert labels["krun-gpu.apir.protocol"] == "0.2"
+    # the ggml layer's protocol: 0.3 since patches 0006 + 0007, which host libraries built here speak
+    assert labels["krun-gpu.apir.protocol"] == preflight.format_protocol(preflight.guest_protocol()) == "0.3"
     assert labels["krun-gpu.patches"] == ",".join(
         ["0001-ggml-virtgpu-ask-the-host-supports-op.patch",
          "0002-ggml-virtgpu-supports-op-only-what-the-host-can-decode.patch",
