@@ -21,6 +21,7 @@ Records of a run live as long as its children; a child that ends normally is ``f
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import json
@@ -304,11 +305,26 @@ def clean_leftovers(log: Callable[[str], None] | None = None) -> list[Record]:
     return stopped
 
 
+_own_job_dirs: set[Path] = set()
+
+
 def job_dir() -> Path:
     """This process's record directory for children that belong to no run (host tools, builds)."""
     d = cache_dir("jobs") / f"{os.getpid()}-{start_time(os.getpid()) or 0}"
     d.mkdir(exist_ok=True)
+    if not _own_job_dirs:
+        atexit.register(_drop_own_job_dirs)
+    _own_job_dirs.add(d)
     return d
+
+
+def _drop_own_job_dirs() -> None:
+    # a probe's record goes when the probe ends; an empty directory left per command would pile up (and a
+    # dry run would leave a trace), so it goes with this process. One holding records waits for the next
+    # clean_leftovers, which stops what they name.
+    for d in _own_job_dirs:
+        if not records(d):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _drop_dead_job_dir(d: Path) -> None:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from provision import cli
-from provision.core import errors
+from provision.core import catalog, errors
 from tests.helpers import run_provision
+from tests.hosts.linux.stand_in import install_bundle
 
 
 def error_of(capsys: pytest.CaptureFixture[str], argv: list[str], exc: type[errors.ProvisionError]) -> str:
@@ -96,14 +97,22 @@ def test_run_without_a_command_is_a_usage_error(tiny: Path, capsys: pytest.Captu
     assert "no command to run in the guest" in err and "fix: provision run [STACK]" in err
 
 
-def test_run_model_plans_a_serve_then_the_chat() -> None:
-    # The machine's own cache: a dry run writes nothing there, and its host tools make the plan (E020 without)
+def test_run_model_plans_a_serve_then_the_chat(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Host tools are a stand-in bundle in a fresh cache (the plan needs them: E020 without); the stack is
+    # picked as serve picks it, so the bundle holds a guest for every stack --gpu may pick
+    monkeypatch.setenv("PROVISION_ACCEL", "tcg")
+    gpu_stacks = [s for s in catalog.load().stacks.values() if s.gpu and "linux" in s.hosts]
+    install_bundle(*gpu_stacks)
+    before = sorted(p.relative_to(tiny) for p in tiny.rglob("*") if not p.is_dir())
     proc = run_provision("run", "tiny-llama", "--gpu", "--dry-run", "--json")
-    assert proc.returncode == 0, f"{proc.stderr}\n(the plan needs `provision host-tools` run once on this host)"
+    assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)["data"]
     assert data["then"] == "chat, stop"
     assert "exec llama-server" in data["job"] and "tiny-llama" in data["job"]
     assert "provision: route:" in proc.stderr  # the stack was picked as serve picks it, and said why
+    # a dry run writes nothing: no file, and no record directory of its probes left behind
+    assert sorted(p.relative_to(tiny) for p in tiny.rglob("*") if not p.is_dir()) == before
+    assert not any((tiny / "jobs").glob("*"))
 
 
 def test_run_of_a_mistyped_model_names_the_model(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:

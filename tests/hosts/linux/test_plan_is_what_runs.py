@@ -21,40 +21,10 @@ from typing import Any
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import bundle, bundle_archive, facts
+from provision.hosts.linux import facts
 from provision.hosts.linux import tools as host_tools
 from tests.helpers import run_provision
-from tests.hosts.linux.test_doctor_linux import QEMU_HELP
-
-TREE_MARK = "krun-plan-test-root"
-# The run branch (QEMU's own flags start with -accel); everything else answers the tools' probes.
-STAND_IN = """#!/bin/sh
-case "$1" in
-  --version) echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)'; exit 0 ;;
-  -display) printf 'Available display backend types:\\nnone\\nsdl\\negl-headless\\n'; exit 0 ;;
-  -accel) ;;
-  *) cat <<'EOF'
-""" + QEMU_HELP + """EOF
-  exit 0 ;;
-esac
-for a in "$@"; do
-  case "$a" in
-    file,id=con,path=*) con="${a#file,id=con,path=}" ;;
-    file,id=out,path=*) out="${a#file,id=out,path=}" ;;
-    serial,id=out,path=*) out="${a#serial,id=out,path=}" ;;
-  esac
-done
-{
-  printf '@@argv\\n'; printf '%s\\0' "$0" "$@"
-  printf '\\n@@env\\n'; cat /proc/$$/environ
-  printf '\\n@@pid\\n%s' "$$"
-  printf '\\n@@uid\\n%s' "$(id -u)"
-  printf '\\n@@cwd\\n%s' "$(pwd -P)"
-  printf '\\n@@root\\n'; cat /""" + TREE_MARK + """ 2>/dev/null || printf 'host'
-  printf '\\n@@end\\n'
-} > "$out"
-printf 'KRUN-INIT up=1\\nKRUN-EXIT=0\\n' > "$con"
-"""
+from tests.hosts.linux.stand_in import STAND_IN, TREE_MARK, install_bundle
 
 
 def received(stdout: str) -> dict[str, Any]:
@@ -65,25 +35,6 @@ def received(stdout: str) -> dict[str, Any]:
     env = dict(item.split("=", 1) for item in parts["env"].rstrip("\n").split("\0") if item)
     return {"argv": parts["argv"].rstrip("\n").split("\0")[:-1], "env": env, "uid": int(parts["uid"].strip()),
             "pid": int(parts["pid"].strip()), "cwd": parts["cwd"].strip(), "root": parts["root"].strip()}  # fmt: skip
-
-
-def install_bundle(stack: catalog.Stack) -> Path:
-    """An installed bundle whose QEMU is the stand-in, with a guest disk for ``stack`` (image tag and all)."""
-    top = bundle_archive.default_install_dir()
-    guest = f"{bundle.GUEST_DIR}/{stack.name}"
-    files = {host_tools.QEMU: STAND_IN, host_tools.RENDER_SERVER: "", host_tools.EGL_LOADER: "",
-             "usr/lib/x86_64-linux-gnu/libvirglrenderer.so.1": "", f"{guest}/vmlinuz": "k",
-             f"{guest}/initrd.img": "i", f"{guest}/root.img": "r"}  # fmt: skip
-    for rel, text in files.items():
-        (top / rel).parent.mkdir(parents=True, exist_ok=True)
-        (top / rel).write_text(text)
-        (top / rel).chmod(0o755)
-    meta = {"stack": stack.name, "image": facts.image_tag(stack), "image_id": "sha256:" + "0" * 64,
-            "kernel": f"{stack.name}/vmlinuz", "initrd": f"{stack.name}/initrd.img", "disk": f"{stack.name}/root.img"}
-    manifest = {"format": bundle_archive.FORMAT, "guest": meta, "guests": {stack.name: meta},
-                "files": bundle_archive.hashes(top)}  # fmt: skip
-    (top / bundle_archive.MANIFEST).write_text(json.dumps(manifest))
-    return top
 
 
 @pytest.fixture
