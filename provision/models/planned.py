@@ -6,26 +6,24 @@ import contextlib
 from pathlib import Path
 
 from provision.core import pins as pins_mod
-from provision.core.errors import UnknownModel
 from provision.core.settings import Settings, current
+from provision.models import names
 from provision.models.records import DamagedRefError, load_ref
-from provision.models.refs import check_name
+from provision.models.store import Store
 
 
-def planned(name: str, settings: Settings | None = None) -> Path:
-    """The stored blob of ``name``, else where the catalog's file will be once pulled or synthesized.
-    Reads the store's refs only: no directory made, no lock taken, no request sent."""
-    root, pins = (settings or current()).typed.cache / "models", pins_mod.default()
-    ref_path = root / "refs" / f"{check_name(name)}.json"
-    with contextlib.suppress(DamagedRefError):  # a damaged ref: the run says so; the plan shows the catalog's file
-        if ref_path.is_file():
-            return root / "blobs" / f"sha256-{load_ref(ref_path).sha256}"
-    if (pin := pins.models.get(name)) is None:
-        from provision.core.suggest import did_you_mean
-        from provision.models import shortnames
-
-        stored = [p.stem for p in (root / "refs").glob("*.json")]
-        hint = did_you_mean(name, [*stored, *pins.models, *shortnames.table()])
-        raise UnknownModel(f"model {name!r} is neither in the catalog nor in the store",
-                           fix=f"{hint} (provision model list)" if hint else "provision model list")  # fmt: skip
-    return root / "blobs" / f"sha256-{pin.sha256}"
+def planned(typed: str, settings: Settings | None = None) -> Path:
+    """The stored blob of what ``typed`` names (any way a pull accepted: NAME:TAG, a short name, a
+    reference), else where the catalog's file will be once pulled or synthesized. Reads the store's refs
+    only: no directory made, no lock taken, no request sent. E010 as a run would say it otherwise."""
+    store = Store.reading((settings or current()).typed.cache / "models", pins_mod.default())
+    found = names.lookup(store, typed)
+    if found.name is not None:
+        ref_path = store.root / "refs" / f"{found.name}.json"
+        # a damaged ref: the run says so; the plan shows the catalog's file, or the run's error now
+        with contextlib.suppress(DamagedRefError, OSError):
+            return store.blob_path(load_ref(ref_path).sha256)
+    pin = store.pins.models.get(found.name or found.catalog or "")
+    if pin is None:
+        raise found.missing(store.root, names.known_names(store))
+    return store.blob_path(pin.sha256)

@@ -89,6 +89,14 @@ class Store:
         for sub in ("blobs", "refs", "partial", "locks"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
+    @classmethod
+    def reading(cls, root: Path, pins: pins_mod.Pins) -> Store:
+        """The store at ``root`` for look-ups only (a dry run's plan): nothing made, not even its folders;
+        a pull or a write through it is a bug."""
+        store = cls.__new__(cls)
+        store.root, store.pins, store.out = root, pins, sys.stderr
+        return store
+
     # --- layout -------------------------------------------------------------------------------
 
     def blob_path(self, sha256: str) -> Path:

@@ -45,6 +45,7 @@ def test_ollama_name_tag_works_as_typed_after_a_pull_by_url(cache, server, tiny,
         assert status == 0, (typed, err)
         assert data == {"name": "kquant-latest", "path": str(blob)}
         assert resolve_model(typed) == blob  # --model of run, serve, bench and perplexity
+        assert resolve_model(typed, fetch=False) == blob  # and their --dry-run, which writes nothing
     status, data, _ = model(capsys, "inspect", "kquant:latest")
     assert status == 0 and data["name"] == "kquant-latest" and data["extras"]["params"] == registries.PARAMS
     status, data, _ = model(capsys, "verify", "kquant:latest")
@@ -90,6 +91,10 @@ def test_shipped_shortnames_name_their_catalog_model(cache, capsys):
     assert (found.name, found.catalog) == (None, "qwen2.5-0.5b-instruct-q4_k_m")
     status, _, err = model(capsys, "path", "qwen2.5:0.5b")
     assert status == errors.UnknownModel.exit_status and "fix: provision model pull qwen2.5:0.5b" in err
+    # a dry run plans the catalog file a shipped short name stands for, making nothing
+    pin = models.Store(out=io.StringIO()).pins.models["qwen2.5-0.5b-instruct-q4_k_m"]
+    assert resolve_model("qwen2.5:0.5b", fetch=False) == cache / "blobs" / f"sha256-{pin.sha256}"
+    assert not any((cache / "blobs").iterdir())
     path = resolve_model("tiny")  # the shipped `tiny` -> tiny-llama, synthesized on first use like the name
     assert path == models.Store(out=io.StringIO()).path("tiny-llama")
     status, data, _ = model(capsys, "path", "tiny")
