@@ -105,10 +105,13 @@ def _error_text(err: Any) -> str:
 
 
 class ChatClient:
-    def __init__(self, target: Target, *, model: str | None = None, timeout: float = 300.0) -> None:
+    def __init__(
+        self, target: Target, *, model: str | None = None, timeout: float = 300.0, stop: Sequence[str] = ()
+    ) -> None:
         self.target = target
         self.model = model or target.model
         self.timeout = timeout
+        self.stop = tuple(stop)  # the model's own stop strings (an ollama model's params), sent each time
 
     def _fail(self, why: str) -> ChatFailed:
         fix = f"is the server up? `provision ps`; curl {self.target.base}/v1/models"
@@ -141,6 +144,8 @@ class ChatClient:
             body["max_tokens"] = max_tokens
         if temperature is not None:
             body["temperature"] = temperature
+        if self.stop:
+            body["stop"] = list(self.stop)
         try:
             resp = web.post(
                 f"{self.target.base}/v1/chat/completions",

@@ -16,7 +16,8 @@ Literal text becomes a quoted Jinja string, so llama-server's block-whitespace r
 lstrip blocks) cannot eat a newline the Go template keeps.
 
 Params become llama-server options; ``stop`` has no server-wide option in llama-server (each
-request sends its own), so it is reported, not applied. Pure: no I/O beyond reading the store.
+request sends its own), so it is kept apart: `provision chat` sends it with every request to a
+serve of ours. Pure: no I/O beyond reading the store.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ModelDefaults:
     chat_template: str | None = None  # Jinja; None: the GGUF's own
     args: tuple[str, ...] = ()  # llama-server options from the params
     ctx: int | None = None  # num_ctx, a default for --ctx-size
+    stop: tuple[str, ...] = ()  # stop strings: a request's field, not a server option (chat sends them)
     notes: tuple[str, ...] = ()  # one line each: what was applied, what was not and why
 
 
@@ -259,9 +261,16 @@ def from_layers(template: str | None, params: Mapping[str, Any] | None) -> Model
             notes.append(f"chat template: the GGUF's own (the ollama template uses {exc}, which is not converted)")
     args: list[str] = []
     ctx = None
+    stop: tuple[str, ...] = ()
     for key, value in sorted((params or {}).items()):
         if key == "stop":
-            notes.append(f"stop {json.dumps(value)}: not a llama-server default (send it with each request)")
+            words = [value] if isinstance(value, str) else value
+            if isinstance(words, list) and words and all(isinstance(w, str) and w for w in words):
+                stop = tuple(words)
+                notes.append(f"stop {json.dumps(list(stop))}: sent with each request by provision chat (llama-server "
+                             "has no server default for it; other clients send their own)")  # fmt: skip
+            else:
+                notes.append(f"param stop={json.dumps(value)}: not applied (not a list of strings)")
             continue
         text = _number(key, value)
         if key == "num_ctx" and text is not None and 0 < int(text) <= 1 << 20:
@@ -272,7 +281,7 @@ def from_layers(template: str | None, params: Mapping[str, Any] | None) -> Model
             notes.append(f"param {key}={json.dumps(value)}: not applied (no llama-server option takes it)")
     if args or ctx is not None:
         notes.append("defaults: " + " ".join(args + (["--ctx-size", str(ctx)] if ctx is not None else [])))
-    return ModelDefaults(chat_template, tuple(args), ctx, tuple(notes))
+    return ModelDefaults(chat_template, tuple(args), ctx, stop=stop, notes=tuple(notes))
 
 
 def for_stored(store: Any, name: str) -> ModelDefaults:

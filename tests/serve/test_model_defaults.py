@@ -81,12 +81,15 @@ def test_a_template_it_cannot_convert_leaves_the_gguf_s_own_and_says_why(go: str
     assert found.chat_template is None and "the GGUF's own" in found.notes[0]
 
 
-def test_params_become_llama_server_defaults_and_stop_is_reported() -> None:
+def test_params_become_llama_server_defaults_and_stop_is_kept_for_each_request() -> None:
     found = model_defaults.from_layers(None, {"temperature": 0.2, "top_k": 40, "num_ctx": 2048, "stop": ["USER:"],
                                               "seed": 1.5, "penalize_newline": True, "top_p": "x"})  # fmt: skip
     assert found.args == ("--temp", "0.2", "--top-k", "40") and found.ctx == 2048 and found.chat_template is None
     notes = "\n".join(found.notes)
-    assert 'stop ["USER:"]: not a llama-server default' in notes
+    assert found.stop == ("USER:",) and 'stop ["USER:"]: sent with each request by provision chat' in notes
+    assert model_defaults.from_layers(None, {"stop": "</s>"}).stop == ("</s>",)  # ollama allows one string
+    bad = model_defaults.from_layers(None, {"stop": [1, ""]})
+    assert bad.stop == () and "param stop=[1, \"\"]: not applied" in bad.notes[0]
     for ignored in ("seed=1.5", "penalize_newline=true", 'top_p="x"'):
         assert f"param {ignored}: not applied" in notes
 
@@ -216,3 +219,17 @@ def test_a_gguf_keeps_its_own_template_and_embeddings_serve_v1_embeddings(
         data = call(port, "POST", "/v1/embeddings", {"input": "hello", "model": req.model})["data"]
         vector = data[0]["embedding"]
         assert len(vector) == 128 and all(isinstance(x, float) for x in vector) and any(vector)
+
+
+def test_chat_sends_the_served_ollama_models_stop_strings(pulled: str, empty_cache: Path) -> None:
+    from provision.chat import client as chat
+    from provision.cli.chat import model_stop
+    from tests.chat.sse_server import Server
+
+    assert model_stop(pulled, empty_cache) == tuple(registries.PARAMS["stop"])
+    assert model_stop(None, empty_cache) == () and model_stop("no-such-model", empty_cache) == ()
+    with Server() as server:
+        client = chat.ChatClient(chat.target_url(server.url, []), timeout=30, stop=model_stop(pulled, empty_cache))
+        assert "".join(client.stream([{"role": "user", "content": "a b"}], max_tokens=4, temperature=None))
+        assert server.requests[0]["stop"] == registries.PARAMS["stop"]
+
