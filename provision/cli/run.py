@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from provision.cli import routing
+from provision.cli.model_word import model_word
 from provision.cli.output import command
 from provision.core import isolation
 from provision.core.errors import InvalidValue, UnknownModel
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> Result | int:
 
     cmd = split_command(args)
     if not cmd:  # `run MODEL` serves and chats, as `ramalama run` does; `run STACK` alone is a usage error
-        return serve_and_chat(args, _model_word(args))
+        return serve_and_chat(args, model_word(args, USAGE))
     bounds = limits(args)
     stack = routing.stack_for(args, gpu=args.gpu, command="run")
     catalog.check_gpu(stack, args.gpu)  # before anything else: no silent CPU fallback
@@ -155,45 +156,6 @@ def run(args: argparse.Namespace) -> Result | int:
 def plan_result(plan: Mapping[str, Any]) -> Result:
     """A dry run's plan: the data for ``--json``, the shell lines for a person."""
     return Result(dict(plan), str(plan.get("shell", "")))
-
-
-def _model_word(args: argparse.Namespace) -> str:
-    """The model of `run MODEL`: a word that is no stack but names a model. Anything else without a
-    command is a usage error (E003), or an unknown stack (E001, with the stacks near it)."""
-    from provision.core import catalog
-
-    word = args.stack
-    stacks = catalog.load()
-    if word is None or word in stacks.stacks:
-        what = f"stack {word!r} and " if word else ""
-        raise InvalidValue(f"provision run: {what}no command to run in the guest", fix=USAGE)
-    if args.model is not None:
-        raise InvalidValue(f"provision run {word}: a model named twice (--model {args.model})", fix=USAGE)
-    if not _is_model(word):
-        from provision.core.errors import UnknownStack
-        from provision.core.suggest import did_you_mean
-        from provision.models import names, store
-
-        hint = did_you_mean(word, [*stacks.stacks, *names.known_names(store.Store())])
-        raise UnknownStack(f"provision run {word}: neither a stack nor a model",
-                           fix=f"{hint} (`provision stacks`, `provision list`)" if hint else USAGE)  # fmt: skip
-    args.stack = None
-    return str(word)
-
-
-def _is_model(word: str) -> bool:
-    """Whether ``word`` names a model (a GGUF file, a stored, catalog or short name, a reference); no
-    network, nothing written."""
-    if Path(word).expanduser().is_file():
-        return True
-    from provision.core.errors import ProvisionError
-    from provision.models import names, store
-
-    try:
-        found = names.lookup(store.Store(), word)
-    except ProvisionError:
-        return False
-    return found.name is not None or found.catalog is not None or found.means != word
 
 
 def serve_and_chat(args: argparse.Namespace, model: str) -> Result | int:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provision.cli import output, routing, serve_generate
+from provision.cli.model_word import model_word
 from provision.cli.output import command, table
 from provision.cli.run import plan_result, resolve_model
 from provision.cli.serve_model import apply_defaults, model_defaults
@@ -36,12 +37,14 @@ COMMANDS = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = command(sub, "serve", COMMANDS["serve"], "provision serve llama-linux --model tiny-llama --gpu --detach",
+    p = command(sub, "serve", COMMANDS["serve"], "provision serve tiny-llama --gpu --detach",
                 "provision serve llama-linux --model tiny-llama --gpu --generate quadlet --output llama.container",
                 json=True)
-    p.add_argument("stack", nargs="?", help="default: chosen for this host with --gpu/--route (the why is printed)")
+    p.add_argument("stack", nargs="?", metavar="STACK|MODEL",
+                   help="a stack (default: chosen for this host with --gpu/--route, the why is printed), or the "
+                        "model to serve as RamaLama takes it (then no --model)")  # fmt: skip
     routing.add_stack_option(p)
-    p.add_argument("--model", required=True, help="a verified model (store name) or a GGUF path")
+    p.add_argument("--model", default=None, help="a verified model (store name) or a GGUF path")
     p.add_argument("--gpu", action="store_true", help="all layers on the stack's GPU device (E007 without GPU)")
     p.add_argument("--route", choices=("venus", "apir", "cpu"), default=None, help="default: the stack's route")
     p.add_argument("--yes", "-y", dest="yes_build", action="store_true",
@@ -128,11 +131,16 @@ def serve_request(
     )
 
 
+SERVE_USAGE = "provision serve [STACK] --model M [--gpu], or provision serve MODEL [--gpu]"
+
+
 def serve_cmd(args: argparse.Namespace) -> Result | int:
     from provision import hosts
     from provision.serve import engine as serving
     from provision.serve import state as serve_state
 
+    if args.model is None:  # `serve MODEL`, as `ramalama serve MODEL`
+        args.model = model_word(args, SERVE_USAGE)
     stack = _stack(args)
     host = serving.check_host(args.host, args.allow_remote)
     serving.check_numbers(args.port, args.ctx, args.parallel)

@@ -115,6 +115,27 @@ def test_run_model_plans_a_serve_then_the_chat(tiny: Path, monkeypatch: pytest.M
     assert not any((tiny / "jobs").glob("*"))
 
 
+def test_serve_model_is_serve_with_that_model(tiny: Path, monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    # `ramalama serve MODEL`: the same plan as `serve --model MODEL`, the stack picked the same way
+    monkeypatch.setenv("PROVISION_ACCEL", "tcg")
+    install_bundle(*[s for s in catalog.load().stacks.values() if s.gpu and "linux" in s.hosts])
+    plans = []
+    for argv in (["serve", "tiny-llama"], ["serve", "--model", "tiny-llama"]):
+        proc = run_provision(*argv, "--gpu", "--port", "8123", "--dry-run", "--json")
+        assert proc.returncode == 0, proc.stderr
+        plans.append(json.loads(proc.stdout)["data"])
+    assert plans[0]["argv"] == plans[1]["argv"] and "tiny-llama" in json.dumps(plans[0])
+    for argv, code in ((["serve", "llama-linux", "--gpu"], errors.InvalidValue),
+                       (["serve", "--gpu"], errors.InvalidValue),
+                       (["serve", "tiny-lama", "--gpu"], errors.UnknownStack)):  # fmt: skip
+        err = error_of(capsys, argv, code)
+        assert "fix: did you mean 'tiny-llama'" in err if code is errors.UnknownStack else "fix: provision serve" in err
+    # with --model the word is a stack
+    assert "unknown stack 'tiny-llama'" in error_of(capsys, ["serve", "tiny-llama", "--model", "tiny-llama"],
+                                                    errors.UnknownStack)  # fmt: skip
+
+
 def test_run_of_a_mistyped_model_names_the_model(tiny: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = error_of(capsys, ["run", "tiny-lama", "--gpu"], errors.UnknownStack)
     assert "neither a stack nor a model" in err and "did you mean 'tiny-llama'" in err
