@@ -79,3 +79,4 @@ def test_readme_quick_start_shows_the_ramalama_words_and_each_parses(repo):
         args = cli.build_parser(argv[1], full=False).parse_args(argv[1:])  # E003 for a command that is not one
         assert args.command == argv[1]
     assert ["provision", "run", "tiny-llama", "--gpu"] in lines  # run MODEL: serve and chat
+    assert ["provision", "serve", "tiny-llama", "--gpu", "--detach"] in lines  # serve MODEL

@@ -319,12 +319,9 @@ def job_dir() -> Path:
 
 
 def _drop_own_job_dirs() -> None:
-    # a probe's record goes when the probe ends; an empty directory left per command would pile up (and a
-    # dry run would leave a trace), so it goes with this process. One holding records waits for the next
-    # clean_leftovers, which stops what they name.
-    for d in _own_job_dirs:
-        if not records(d):
-            shutil.rmtree(d, ignore_errors=True)
+    # an empty one per command would pile up (a dry run too); one holding records waits for clean_leftovers
+    for d in [d for d in _own_job_dirs if not records(d)]:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _drop_dead_job_dir(d: Path) -> None:

@@ -91,8 +91,7 @@ class Store:
 
     @classmethod
     def reading(cls, root: Path, pins: pins_mod.Pins) -> Store:
-        """The store at ``root`` for look-ups only (a dry run's plan): nothing made, not even its folders;
-        a pull or a write through it is a bug."""
+        """The store at ``root`` for look-ups only (a dry run's plan): nothing made, not even its folders."""
         store = cls.__new__(cls)
         store.root, store.pins, store.out = root, pins, sys.stderr
         return store
