@@ -4,7 +4,8 @@ The tree is the pinned MR 1590 tarball from ../shared/upstream, checked against 
 with the Linux patches of the virglrenderer-apir pin (what this host's libc needs) and then,
 unless ``series`` is off, the darwin series of the virglrenderer-apir-macos pin, each applied
 with ``patch --fuzz=0``. It is built as Nix builds it (``buildtype=plain``: asserts on) and cached
-under the project cache, keyed by the pins, the patches' bytes, the flags and the harness source.
+under the project cache, keyed by the pins, the patches' bytes and the flags; the harness is linked
+beside it under a name keyed by its own source, so a harness change relinks without a tree rebuild.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ LINUX_PIN = "virglrenderer-apir"
 # The Nix recipe's tree options (checks/macho_link/trees.py DARWIN_TREES), asserts kept.
 MESON_FLAGS = ("-Dvenus=true", "-Dapir=true", "-Dvulkan-dload=true", "--buildtype=plain", "-Db_ndebug=false")
 # Bump when a change here changes what a build is.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 class ReplayError(Exception):
@@ -56,7 +57,7 @@ class Build:
 
     @property
     def harness(self) -> Path:
-        return self.root / "replay"
+        return self.root / f"replay-{harness_key()}"
 
     @property
     def library_dir(self) -> Path:
@@ -85,8 +86,11 @@ def cache_key(variant: Variant) -> str:
     )
     for rel in _patches(variant):
         h.update((trees.REPO / rel).read_bytes())
-    h.update(HARNESS.read_bytes())
     return h.hexdigest()[:16]
+
+
+def harness_key() -> str:
+    return hashlib.sha256(HARNESS.read_bytes()).hexdigest()[:12]
 
 
 def _run(cmd: list[str], cwd: Path, log: Path, what: str) -> None:
@@ -136,15 +140,16 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
     """The cached build of ``variant``, made once (in a scratch folder, then renamed into place)."""
     cache.mkdir(parents=True, exist_ok=True)
     root = cache / f"{variant.name}-{cache_key(variant)}"
-    if (root / "replay").is_file():
-        return Build(variant, root)
+    made = Build(variant, root)
+    if made.harness.is_file():
+        return made
     sys.path.insert(0, str(trees.REPO))
     from provision.core import locks
 
     log = cache / f"{variant.name}.log"
     with locks.held(cache / f"{variant.name}.lock"):
-        if (root / "replay").is_file():
-            return Build(variant, root)
+        if made.harness.is_file():
+            return made
         if not (root / "build").is_dir():
             work = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=cache))
             log.write_text("")
@@ -158,8 +163,8 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
         # linked where the library now lives (its rpath names that folder); written whole
         tmp = root / "replay.partial"
         _run(_harness_command(root, tmp), root, log, "the harness build")
-        os.replace(tmp, root / "replay")
-    return Build(variant, root)
+        os.replace(tmp, made.harness)
+    return made
 
 
 def run(
@@ -167,6 +172,7 @@ def run(
     route: str,
     *,
     expect_handle: str | None = None,
+    memory_handle: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> dict[str, Any]:
@@ -174,6 +180,8 @@ def run(
     cmd = [str(build_.harness), route]
     if expect_handle:
         cmd += ["--expect-handle", expect_handle]
+    if memory_handle:
+        cmd += ["--expect-memory-handle", memory_handle]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRGL_", "APIR_"))}
     if route == "apir":
         full_env["VIRGL_ROUTE_VENUS_TO_APIR"] = "1"
