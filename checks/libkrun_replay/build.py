@@ -25,6 +25,9 @@ from macho_link import trees
 
 HERE = Path(__file__).resolve().parent
 HARNESS = trees.REPO / "checks" / "libkrun-replay" / "replay.c"
+# A Vulkan layer hiding the driver's external-memory fd extensions: lavapipe as MoltenVK looks to vkr.
+LAYER = HARNESS.parent / "no-external-memory-layer.c"
+LAYER_NAME = "VK_LAYER_KRUN_no_external_memory"
 DARWIN_PIN = "virglrenderer-apir-macos"
 LINUX_PIN = "virglrenderer-apir"
 # The Nix recipe's tree options (checks/macho_link/trees.py DARWIN_TREES), asserts kept.
@@ -165,6 +168,43 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
         _run(_harness_command(root, tmp), root, log, "the harness build")
         os.replace(tmp, made.harness)
     return made
+
+
+def no_external_memory(cache: Path) -> dict[str, str]:
+    """The environment that puts LAYER under every Vulkan instance (vkr's included), built once
+    into the cache under a name keyed by its source."""
+    key = hashlib.sha256(LAYER.read_bytes()).hexdigest()[:12]
+    where = cache / f"layer-{key}"
+    env = {"VK_LAYER_PATH": str(where), "VK_INSTANCE_LAYERS": LAYER_NAME}
+    if where.is_dir():
+        return env
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{where.name}.", suffix=".partial", dir=cache))
+    try:
+        library = "libVkLayer_krun_no_external_memory.so"
+        cmd = ["cc", "-std=gnu11", "-Wall", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden",
+               "-o", str(work / library), str(LAYER)]  # fmt: skip
+        _run(cmd, work, cache / "layer.log", "the Vulkan layer build")
+        manifest = {
+            "file_format_version": "1.1.0",
+            "layer": {
+                "name": LAYER_NAME,
+                "type": "GLOBAL",
+                "library_path": f"./{library}",
+                "api_version": "1.3.0",
+                "implementation_version": "1",
+                "description": "hides VK_KHR_external_memory_fd and VK_EXT_external_memory_dma_buf",
+            },
+        }
+        (work / "VkLayer_krun_no_external_memory.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        try:
+            work.rename(where)
+        except OSError:
+            if not where.is_dir():  # another run put it there first: keep theirs
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return env
 
 
 def run(

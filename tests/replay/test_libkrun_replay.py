@@ -171,6 +171,33 @@ def test_venus_memory_answers_the_macos_handle_at_creation_and_maps_by_pointer(h
     assert "0 of 8192 words differ" in by_call(result)["Venus memory (host mapping)"]["detail"]
 
 
+@pytest.mark.slow
+def test_memory_the_driver_cannot_export_is_handed_over_by_its_map_pointer(hosted: build.Build) -> None:
+    """MoltenVK's case: Vulkan memory with no fd to export (lavapipe under a layer that hides its
+    external-memory fd extensions). The macOS build hands libkrun the vkMapMemory pointer: the Apple
+    type at creation, and the GPU's copy read through get_map_ptr."""
+    env = {**lavapipe(), **build.no_external_memory(cache())}
+    result = build.run(hosted, "venus", expect_handle="apple", memory_handle="apple", env=env)
+    assert result["ok"], result
+    assert "mem is not exportable" not in result["stderr"]
+    memory = blob_calls(result, "Venus memory")
+    assert "type 4 (apple)" in memory["virgl_renderer_resource_export_blob"]["detail"]
+    assert "0 of 8192 words differ" in by_call(result)["Venus memory (host mapping)"]["detail"]
+
+
+@pytest.mark.slow
+def test_without_the_macos_handle_memory_the_driver_cannot_export_is_no_blob(patched: build.Build) -> None:
+    """The layer is what makes the memory unexportable: the Linux build (fd handles only) then has
+    nothing to give, and create_blob refuses, as a Linux VMM would see it."""
+    env = {**lavapipe(), **build.no_external_memory(cache())}
+    result = build.run(patched, "venus", memory_handle="opaque", env=env)
+    assert not result["ok"]
+    assert any(c["ok"] and "vkAllocateMemory of 65536 bytes" in c["detail"] for c in result["calls"]), result
+    created = blob_calls(result, "Venus memory")["virgl_renderer_resource_create_blob"]
+    assert not created["ok"] and "ret -22" in created["detail"]
+    assert "mem is not exportable" in result["stderr"]
+
+
 # --- the same harness on the tree without our series ---------------------------------------------
 
 
