@@ -198,6 +198,18 @@ def test_without_the_macos_handle_memory_the_driver_cannot_export_is_no_blob(pat
     assert "mem is not exportable" in result["stderr"]
 
 
+@pytest.mark.slow
+def test_the_harness_compiles_for_a_mac(patched: build.Build, tmp_path: Path) -> None:
+    """What checks/macos-apir compiles there (the Venus client included), cross-compiled with zig."""
+    out = tmp_path / "replay.o"
+    headers = [f"-I{patched.root / 'src' / 'src'}", f"-I{patched.library_dir}"]
+    cmd = [sys.executable, "-m", "ziglang", "cc", "-target", "aarch64-macos", "-std=gnu11", "-Wall", "-Werror",
+           "-c", "-o", str(out), str(HARNESS), *headers]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_bytes()[:4] == bytes.fromhex("cffaedfe")  # MH_MAGIC_64, little-endian
+
+
 # --- the same harness on the tree without our series ---------------------------------------------
 
 
