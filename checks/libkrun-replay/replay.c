@@ -164,6 +164,7 @@ struct blob {
    int fd;
    void *map_ptr;  /* virgl_renderer_resource_get_map_ptr: what libkrun maps on macOS */
    void *fd_map;   /* the exported fd mapped as libkrun maps it on Linux */
+   bool created;
 };
 
 /* rutabaga create_blob, virgl_renderer.rs:644-693, for a guest RESOURCE_CREATE_BLOB
@@ -186,6 +187,7 @@ create_blob(uint32_t ctx_id, struct blob *b, uint64_t blob_id, const char *expec
           blob_id, ret);
    if (ret)
       return false;
+   b->created = true;
 
    /* right after the create, before any map: the answer rutabaga caches (:679 before :685;
     * rutabaga_core.rs:913-939 hands out the cached handle, never asking again) */
@@ -244,6 +246,8 @@ check_views_agree(struct blob *b)
 static void
 destroy_blob(uint32_t ctx_id, struct blob *b)
 {
+   if (!b->created)
+      return;
    if (b->fd_map)
       munmap(b->fd_map, b->size);
    /* rutabaga's handle is a SafeDescriptor: dropped, it closes the fd */
