@@ -4,7 +4,8 @@ The tree is the pinned MR 1590 tarball from ../shared/upstream, checked against 
 with the Linux patches of the virglrenderer-apir pin (what this host's libc needs) and then,
 unless ``series`` is off, the darwin series of the virglrenderer-apir-macos pin, each applied
 with ``patch --fuzz=0``. It is built as Nix builds it (``buildtype=plain``: asserts on) and cached
-under the project cache, keyed by the pins, the patches' bytes, the flags and the harness source.
+under the project cache, keyed by the pins, the patches' bytes and the flags; the harness is linked
+beside it under a name keyed by its own source, so a harness change relinks without a tree rebuild.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ from macho_link import trees
 
 HERE = Path(__file__).resolve().parent
 HARNESS = trees.REPO / "checks" / "libkrun-replay" / "replay.c"
+# A Vulkan layer hiding the driver's external-memory fd extensions: lavapipe as MoltenVK looks to vkr.
+LAYER = HARNESS.parent / "no-external-memory-layer.c"
+LAYER_NAME = "VK_LAYER_KRUN_no_external_memory"
 DARWIN_PIN = "virglrenderer-apir-macos"
 LINUX_PIN = "virglrenderer-apir"
 # The Nix recipe's tree options (checks/macho_link/trees.py DARWIN_TREES), asserts kept.
 MESON_FLAGS = ("-Dvenus=true", "-Dapir=true", "-Dvulkan-dload=true", "--buildtype=plain", "-Db_ndebug=false")
 # Bump when a change here changes what a build is.
-BUILD_VERSION = 1
+BUILD_VERSION = 2
 
 
 class ReplayError(Exception):
@@ -56,7 +60,7 @@ class Build:
 
     @property
     def harness(self) -> Path:
-        return self.root / "replay"
+        return self.root / f"replay-{harness_key()}"
 
     @property
     def library_dir(self) -> Path:
@@ -85,8 +89,11 @@ def cache_key(variant: Variant) -> str:
     )
     for rel in _patches(variant):
         h.update((trees.REPO / rel).read_bytes())
-    h.update(HARNESS.read_bytes())
     return h.hexdigest()[:16]
+
+
+def harness_key() -> str:
+    return hashlib.sha256(HARNESS.read_bytes()).hexdigest()[:12]
 
 
 def _run(cmd: list[str], cwd: Path, log: Path, what: str) -> None:
@@ -136,15 +143,16 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
     """The cached build of ``variant``, made once (in a scratch folder, then renamed into place)."""
     cache.mkdir(parents=True, exist_ok=True)
     root = cache / f"{variant.name}-{cache_key(variant)}"
-    if (root / "replay").is_file():
-        return Build(variant, root)
+    made = Build(variant, root)
+    if made.harness.is_file():
+        return made
     sys.path.insert(0, str(trees.REPO))
     from provision.core import locks
 
     log = cache / f"{variant.name}.log"
     with locks.held(cache / f"{variant.name}.lock"):
-        if (root / "replay").is_file():
-            return Build(variant, root)
+        if made.harness.is_file():
+            return made
         if not (root / "build").is_dir():
             work = Path(tempfile.mkdtemp(prefix=f"{root.name}.", suffix=".partial", dir=cache))
             log.write_text("")
@@ -158,8 +166,45 @@ def build(variant: Variant, cache: Path, upstream: Path = trees.UPSTREAM) -> Bui
         # linked where the library now lives (its rpath names that folder); written whole
         tmp = root / "replay.partial"
         _run(_harness_command(root, tmp), root, log, "the harness build")
-        os.replace(tmp, root / "replay")
-    return Build(variant, root)
+        os.replace(tmp, made.harness)
+    return made
+
+
+def no_external_memory(cache: Path) -> dict[str, str]:
+    """The environment that puts LAYER under every Vulkan instance (vkr's included), built once
+    into the cache under a name keyed by its source."""
+    key = hashlib.sha256(LAYER.read_bytes()).hexdigest()[:12]
+    where = cache / f"layer-{key}"
+    env = {"VK_LAYER_PATH": str(where), "VK_INSTANCE_LAYERS": LAYER_NAME}
+    if where.is_dir():
+        return env
+    cache.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{where.name}.", suffix=".partial", dir=cache))
+    try:
+        library = "libVkLayer_krun_no_external_memory.so"
+        cmd = ["cc", "-std=gnu11", "-Wall", "-Werror", "-shared", "-fPIC", "-fvisibility=hidden",
+               "-o", str(work / library), str(LAYER)]  # fmt: skip
+        _run(cmd, work, cache / "layer.log", "the Vulkan layer build")
+        manifest = {
+            "file_format_version": "1.1.0",
+            "layer": {
+                "name": LAYER_NAME,
+                "type": "GLOBAL",
+                "library_path": f"./{library}",
+                "api_version": "1.3.0",
+                "implementation_version": "1",
+                "description": "hides VK_KHR_external_memory_fd and VK_EXT_external_memory_dma_buf",
+            },
+        }
+        (work / "VkLayer_krun_no_external_memory.json").write_text(json.dumps(manifest, indent=1) + "\n")
+        try:
+            work.rename(where)
+        except OSError:
+            if not where.is_dir():  # another run put it there first: keep theirs
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return env
 
 
 def run(
@@ -167,6 +212,7 @@ def run(
     route: str,
     *,
     expect_handle: str | None = None,
+    memory_handle: str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> dict[str, Any]:
@@ -174,6 +220,8 @@ def run(
     cmd = [str(build_.harness), route]
     if expect_handle:
         cmd += ["--expect-handle", expect_handle]
+    if memory_handle:
+        cmd += ["--expect-memory-handle", memory_handle]
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRGL_", "APIR_"))}
     if route == "apir":
         full_env["VIRGL_ROUTE_VENUS_TO_APIR"] = "1"
