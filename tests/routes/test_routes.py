@@ -199,13 +199,33 @@ def test_run_without_a_stack_needs_gpu_or_a_route() -> None:
     assert proc.returncode == 13 and "E003" in proc.stderr and "--gpu" in proc.stderr
 
 
+def test_the_host_s_icds_are_what_the_loader_s_override_names(tmp_path: Path) -> None:
+    folder = tmp_path / "icd.d"
+    folder.mkdir()
+    (folder / "lvp_icd.x86_64.json").write_text("{}")
+    (tmp_path / "nvidia_icd.json").write_text("{}")
+    chroot = tmp_path / "chroot" / "usr/share/vulkan/icd.d"
+    chroot.mkdir(parents=True)
+    (chroot / "radeon_icd.x86_64.json").write_text("{}")
+    roots = [tmp_path / "host", tmp_path / "chroot"]
+    assert probe.vulkan_icds(roots) == ("radeon_icd.x86_64.json",)
+    for key in probe.LOADER_OVERRIDES:
+        env = {key: f"{folder}:{tmp_path / 'nvidia_icd.json'}:{tmp_path / 'gone'}"}
+        assert probe.vulkan_icds(roots, loader_env=env) == ("lvp_icd.x86_64.json", "nvidia_icd.json",
+                                                            "radeon_icd.x86_64.json")  # fmt: skip
+    assert probe.vulkan_icds(roots, loader_env={"VK_DRIVER_FILES": ""}) == ("radeon_icd.x86_64.json",)
+
+
 def test_run_gpu_with_nothing_to_run_it_on_is_e007_before_any_vm(tmp_path: Path) -> None:
-    """No render node here, and host tools with no Vulkan ICD: nothing can give a GPU."""
+    """No render node here, and host tools with no Vulkan ICD: nothing can give a GPU. The host's own
+    drivers (CI installs lavapipe for the replay harness) are hidden as the Vulkan loader would hide them."""
     tools = tmp_path / "tools"
     tools.mkdir()
-    env = {"PROVISION_HOST_TOOLS": str(tools), "PROVISION_CACHE": str(tmp_path / "cache")}
-    if probe.render_nodes(Path("/")) or probe.vulkan_icds([Path("/")]):
-        pytest.fail("this test needs the CI host: no /dev/dri and no host Vulkan ICD")
+    (tmp_path / "no-icds").mkdir()
+    env = {"PROVISION_HOST_TOOLS": str(tools), "PROVISION_CACHE": str(tmp_path / "cache"),
+           "VK_DRIVER_FILES": str(tmp_path / "no-icds")}  # fmt: skip
+    if probe.render_nodes(Path("/")) or probe.vulkan_icds([Path("/")], loader_env=env):
+        pytest.fail("this test needs a host without /dev/dri")
     for argv in (("run", "--gpu", "--", "true"), ("serve", "--gpu", "--model", "tiny-llama"), ("bench",)):
         proc = run_provision(*argv, env=env)
         assert proc.returncode == 17, (argv, proc.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from provision.core import paths
@@ -27,7 +28,7 @@ def facts(root: Path = Path("/")) -> HostFacts:
         nvidia_gpus=nvidia_gpus(root),
         cuda_backend=cuda_backend(),
         apir_host_tools=_apir_host_tools(),
-        vulkan_icds=vulkan_icds([root, *_host_tools_roots()]),
+        vulkan_icds=vulkan_icds([root, *_host_tools_roots()], loader_env=os.environ),
         apir_speedup=history.apir_speedup_measured(),
     )
 
@@ -56,9 +57,21 @@ def nvidia_gpus(root: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
-def vulkan_icds(roots: list[Path]) -> tuple[str, ...]:
+# The Vulkan loader's own override: with one set, the host's loader reads those manifests (files or
+# folders, colon-separated) and not its search folders, so the host's drivers are those.
+LOADER_OVERRIDES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
+
+
+def vulkan_icds(roots: list[Path], loader_env: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """ICD manifest names under each root's search folders; for the first root (the host's), what
+    ``loader_env``'s override names instead when it names any."""
     names: set[str] = set()
-    for r in roots:
+    override = next((loader_env[k] for k in LOADER_OVERRIDES if (loader_env or {}).get(k)), None)
+    for i, r in enumerate(roots):
+        if i == 0 and override is not None:
+            for item in (Path(x) for x in override.split(":") if x):
+                names.update([item.name] if item.is_file() else (p.name for p in item.glob("*.json")))
+            continue
         for d in ICD_DIRS:
             folder = r / d
             if folder.is_dir():
