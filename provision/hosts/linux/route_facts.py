@@ -66,7 +66,8 @@ def vulkan_icds(roots: list[Path], loader_env: Mapping[str, str] | None = None) 
     """ICD manifest names under each root's search folders; for the first root (the host's), what
     ``loader_env``'s override names instead when it names any."""
     names: set[str] = set()
-    override = next((loader_env[k] for k in LOADER_OVERRIDES if (loader_env or {}).get(k)), None)
+    env = loader_env or {}
+    override = next((env[k] for k in LOADER_OVERRIDES if env.get(k)), None)
     for i, r in enumerate(roots):
         if i == 0 and override is not None:
             for item in (Path(x) for x in override.split(":") if x):
