@@ -43,7 +43,8 @@ from provision.core import layout, paths  # noqa: E402
 from provision.hosts.linux import loopback, loopback_host  # noqa: E402
 from provision.images import sources  # noqa: E402
 
-# The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all.
+# The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all. 0010 (the guest
+# sizes tensors as the host's buffer type asks) is a fix of both, not part of the cut.
 CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
        "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
@@ -233,11 +234,14 @@ def build_greedy(setup: Setup, dirs: loopback_host.HostDirs) -> Path:
     return out
 
 
-def greedy(setup: Setup, dirs: loopback_host.HostDirs, model: Path, n_tokens: int) -> dict[str, Any]:
-    """Greedy token ids natively and through the route; the route must not change one."""
+def greedy(setup: Setup, dirs: loopback_host.HostDirs, model: Path, n_tokens: int,
+           route_extra: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Greedy token ids natively and through the route (route_extra: more of the loopback's
+    environment, e.g. APIR_LOOPBACK_ALLOC_PAD); the route must not change one."""
     native_bin = setup.work / "greedy" / "greedy" if setup.target == "cuda" else dirs.bin / "greedy"
     runs = {"native": ([str(native_bin), str(model), setup.native_device, str(n_tokens)], native_env(setup, dirs)),
-            "route": ([str(dirs.bin / "greedy"), str(model), setup.device, str(n_tokens)], route_env(setup, dirs))}
+            "route": ([str(dirs.bin / "greedy"), str(model), setup.device, str(n_tokens)],
+                      {**route_env(setup, dirs), **(route_extra or {})})}
     tokens: dict[str, list[int]] = {}
     graphs: dict[str, dict[str, int]] = {}
     for name, (argv, env) in runs.items():

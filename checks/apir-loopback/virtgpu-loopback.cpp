@@ -28,6 +28,12 @@
 // (caps.buffer_from_host_ptr false), as a GPU with its own memory (CUDA) does. The CPU target's
 // buffers are then remote ones, whose tensor data crosses as commands (SET_TENSOR, GET_TENSOR,
 // or with the graph), instead of shared pages the guest reads and writes directly.
+//
+// APIR_LOOPBACK_ALLOC_PAD=BYTES: the host buffer type answers get_alloc_size of a quantized tensor
+// BYTES more than it computes, as ggml-cuda's does for quantized rows that need padding (ggml
+// accepts a larger size for quantized types without asking why). The CPU buffer type never pads,
+// so without this the CPU target cannot tell whether the guest reserves what the host's buffer
+// type asks for (patch 0010; checks/apir-loopback/alloc-size-check.cpp).
 
 #include "virtgpu.h"
 #include "ggml-remoting.h"
@@ -96,6 +102,10 @@ const bool    g_device_is_gpu = [] {
 const bool g_no_host_ptr = [] {
     const char * v = getenv("APIR_LOOPBACK_NO_HOST_PTR");
     return v && strcmp(v, "1") == 0;
+}();
+const size_t g_alloc_pad = [] {
+    const char * v = getenv("APIR_LOOPBACK_ALLOC_PAD");
+    return v ? (size_t) strtoull(v, nullptr, 10) : 0;
 }();
 
 // Per thread: when the current command was prepared, and the command whose reply is being read.
@@ -273,6 +283,15 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
             } else {
                 char *   after = enc;
                 uint64_t before[3] = { 0, 0, 0 };
+                // GET_ALLOC_SIZE carries the buffer type's handle, then the tensor (its type first);
+                // read before the dispatcher rewrites the tensor in place.
+                bool pad_reply = false;
+                if (flags == APIR_COMMAND_TYPE_BUFFER_TYPE_GET_ALLOC_SIZE && g_alloc_pad &&
+                    cur + sizeof(apir_buffer_type_host_handle_t) + sizeof(ggml_tensor) <= cmd_end) {
+                    ggml_type type;
+                    memcpy(&type, cur + sizeof(apir_buffer_type_host_handle_t), sizeof(type));
+                    pad_reply = ggml_is_quantized(type);
+                }
                 if (g_profile && g_stats_path) {
                     g_profile(&before[0], &before[1], &before[2]);
                 }
@@ -287,6 +306,13 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
                 if (flags == APIR_COMMAND_TYPE_DEVICE_GET_TYPE && g_device_is_gpu && after >= enc + sizeof(uint32_t)) {
                     uint32_t gpu_type = GGML_BACKEND_DEVICE_TYPE_GPU;
                     memcpy(enc, &gpu_type, sizeof(gpu_type));
+                }
+                // The reply is the size (a size_t) the host buffer type asks for.
+                if (pad_reply && after >= enc + sizeof(size_t)) {
+                    size_t size = 0;
+                    memcpy(&size, enc, sizeof(size));
+                    size += g_alloc_pad;
+                    memcpy(enc, &size, sizeof(size));
                 }
                 // The reply is five bools of 4 bytes each: async, host_buffer, buffer_from_host_ptr, ...
                 if (flags == APIR_COMMAND_TYPE_DEVICE_GET_PROPS && g_no_host_ptr && after >= enc + 12) {

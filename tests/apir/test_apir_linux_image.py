@@ -32,7 +32,8 @@ def test_image_carries_the_route_protocol_and_patch(built):
          "0002-ggml-virtgpu-supports-op-only-what-the-host-can-decode.patch",
          "0004-ggml-virtgpu-deterministic-graph-bytes-and-supports-op-cache.patch",
          "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
-         "0007-ggml-virtgpu-one-round-trip-per-token.patch"]
+         "0007-ggml-virtgpu-one-round-trip-per-token.patch",
+         "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"]
     )
     stack = catalog.load().get("llama-apir-linux")
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env

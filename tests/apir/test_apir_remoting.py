@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +36,8 @@ SHARED, GUEST, HOST, ZERO = (
     "0008-ggml-virtgpu-backend-graph-run.patch",
     "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
 )
+# Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
+ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
 
 def _bench() -> ModuleType:
@@ -54,6 +57,7 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO))
     assert before.host_patches[-1].startswith("0005-")
+    assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
 def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3() -> None:
@@ -66,7 +70,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3() ->
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-2:] == [SHARED, GUEST] and HOST not in names and ZERO not in names, name
+        assert names[-3:] == [SHARED, GUEST, ALLOC] and HOST not in names and ZERO not in names, name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 3, 2)
 
@@ -77,6 +81,7 @@ def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check(
     assert script.count(f"-i /s/p/{SHARED}") == 1
     assert script.index(f"/s/p/{GUEST}") < script.index(f"/s/p/{HOST}")
     assert "/s/lb/graph-run-check.cpp -o /w/bin/graph-run-check" in script
+    assert "/s/lb/alloc-size-check.cpp -o /w/bin/alloc-size-check" in script
 
 
 def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> None:
@@ -118,11 +123,14 @@ def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_
     assert "APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN  = */ backend_backend_graph_run" in table
 
 
-def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str, ...]) -> loopback_host.HostDirs:
+def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str, ...],
+              like: loopback_host.HostDirs | None = None) -> loopback_host.HostDirs:
     dirs = loopback_host.HostDirs(tree=sources.llama_cpp_tree(), loopback_src=loopback.loopback_dir(),
                                   patches=REPO / "patches" / "llama.cpp", work=tmp_path / name,
                                   drm_include=builds.drm_headers(), lib=builds.ensure("host").bin_dir)
     dirs.work.mkdir(parents=True)
+    if like is not None:  # test-backend-ops.o does not change with the patches: compiled once
+        shutil.copy2(like.work / "test-backend-ops.o", dirs.work / "test-backend-ops.o")
     script = loopback_host.build_script(dirs, guest, "cpu", host)
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -159,6 +167,32 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_value
     assert run12["compute_ns"] > 0 and "copy_ns" in run12
 
 
+def _alloc_size_check(dirs: loopback_host.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+           "APIR_LOOPBACK_NO_HOST_PTR": "1", "APIR_LOOPBACK_ALLOC_PAD": str(pad)}
+    return subprocess.run([str(dirs.bin / "alloc-size-check"), loopback.TARGETS["cpu"][2], str(pad)], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.mark.slow
+def test_the_guest_reserves_what_the_host_buffer_type_asks_for_once_per_description(tmp_path: Path) -> None:
+    # ggml-cuda asks more than ggml_nbytes for quantized rows that need padding; the loopback's host
+    # asks 256 bytes more for every quantized tensor to play that part on the CPU target.
+    after = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
+    proc = _alloc_size_check(after, 256, tmp_path / "stats.json")
+    assert proc.returncode == 0 and "7 descriptions on [virtgpu] CPU, 0 wrong sizes" in proc.stdout, (
+        proc.stdout + proc.stderr)[-3000:]
+    # asked three times over and sized again by the allocator: one round trip per description
+    assert json.loads((tmp_path / "stats.json").read_text())["commands"]["buffer_type_get_alloc_size"]["n"] == 7
+    # Without 0010 the frontend answers ggml_nbytes itself: the padding overlaps the next tensor.
+    without = _loopback(tmp_path, "without", tuple(p for p in loopback.guest_patches() if p != ALLOC),
+                        loopback.HOST_PATCHES, like=after)
+    proc = _alloc_size_check(without, 256, tmp_path / "stats-without.json")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "room in the buffer for weight NONE q8_0 896x4: 3808 bytes, want 4064" in out, out
+    assert "get_alloc_size of node CONT q4_0 896x3: 1512 bytes, want 1768" in out, out
+
+
 @pytest.mark.slow
 def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path: Path) -> None:
     old_guest = tuple(p for p in loopback.guest_patches() if p not in (SHARED, GUEST))
@@ -181,3 +215,7 @@ def test_greedy_tokens_through_the_route_are_the_native_ones(tmp_path: Path) -> 
     bench.build_greedy(setup, after)
     same = bench.greedy(setup, after, model, 24)
     assert len(same["native"]) == 24 and same["same"], same
+    # The host's buffer type asking 4 KiB more for every tensor (as ggml-cuda asks more for some):
+    # the model loads and decodes the same through the route, every weight and node sized as asked.
+    padded = bench.greedy(setup, after, model, 24, route_extra={"APIR_LOOPBACK_ALLOC_PAD": "4096"})
+    assert padded["route"] == same["native"], padded
