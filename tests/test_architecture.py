@@ -289,9 +289,9 @@ def test_the_cli_api_and_routes_reach_a_host_only_through_the_registry() -> None
 
 
 def test_the_bypass_check_catches_a_face_importing_a_host() -> None:
-    graph = {"provision.cli.x": {"provision.hosts.linux.execute"}, "provision.api.jobs": {"provision.hosts"},
+    graph = {"provision.cli.x": {"provision.hosts.linux.run.execute"}, "provision.api.jobs": {"provision.hosts"},
              "provision.routes.y": {"provision.hosts.darwin"}}  # fmt: skip
-    assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.execute",
+    assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.run.execute",
                                     "provision.routes.y imports provision.hosts.darwin"]  # fmt: skip
 
 

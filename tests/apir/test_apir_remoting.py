@@ -24,7 +24,7 @@ import pytest
 from provision.apir import builds
 from provision.apir import ggml as ggml_build
 from provision.core import catalog, pins
-from provision.hosts.linux import loopback, loopback_host
+from provision.hosts.linux.apir import loopback, loopback_no_chroot
 from provision.images import sources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,20 +118,20 @@ def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_
     assert "APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN  = */ backend_backend_graph_run" in table
 
 
-def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str, ...]) -> loopback_host.HostDirs:
-    dirs = loopback_host.HostDirs(tree=sources.llama_cpp_tree(), loopback_src=loopback.loopback_dir(),
+def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str, ...]) -> loopback_no_chroot.HostDirs:
+    dirs = loopback_no_chroot.HostDirs(tree=sources.llama_cpp_tree(), loopback_src=loopback.loopback_dir(),
                                   patches=REPO / "patches" / "llama.cpp", work=tmp_path / name,
                                   drm_include=builds.drm_headers(), lib=builds.ensure("host").bin_dir)
     dirs.work.mkdir(parents=True)
-    script = loopback_host.build_script(dirs, guest, "cpu", host)
+    script = loopback_no_chroot.build_script(dirs, guest, "cpu", host)
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return dirs
 
 
-def _decode_check(dirs: loopback_host.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
+def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
     # The remote CPU without host-pointer buffers, as a GPU: tensor data crosses as commands.
-    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
            "APIR_LOOPBACK_NO_HOST_PTR": "1"}
     return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
