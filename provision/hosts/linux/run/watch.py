@@ -28,8 +28,8 @@ EXIT_LINE = re.compile(rb"KRUN-EXIT=(\d+)\r?\n")
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
 # The guest's init says so first thing (data/guest/init); the kernel is quiet before it.
 INIT_LINE = re.compile(rb"KRUN-INIT ")
-# A guest reaches its init within seconds even under TCG on a loaded host, and a QEMU that hangs
-# before the kernel prints prints nothing ever after: a guest silent this long never gets to its
+# A guest reaches its init within seconds even under TCG on a loaded host, while a QEMU that hangs
+# before the kernel's first line stays silent for good: a guest silent this long never gets to its
 # init, so it is stopped (and booted once more, execute.py) rather than left to its deadline.
 BOOT_S = 300.0
 POLL_S = 0.2
