@@ -1,6 +1,6 @@
 """The Linux host behind the one Host protocol: QEMU + virglrenderer guests, shell, serve, doctor, bench.
 
-Every guest is one RunRequest -> plan (execute.plan: facts, then runplan.plan_run) -> execute.
+Every guest is one RunRequest -> plan (run/execute.plan: facts, then runplan.plan_run) -> execute.
 """
 
 from __future__ import annotations
