@@ -40,7 +40,8 @@ if str(REPO) not in sys.path:
 from provision.apir import builds  # noqa: E402
 from provision.cli.output import table  # noqa: E402
 from provision.core import layout, paths  # noqa: E402
-from provision.hosts.linux import loopback, loopback_host  # noqa: E402
+from provision.hosts.linux.apir import loopback  # noqa: E402
+from provision.hosts.linux.apir import loopback_no_chroot as loopback_host  # noqa: E402
 from provision.images import sources  # noqa: E402
 
 # The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all. 0010 (the guest

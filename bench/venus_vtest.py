@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Venus route without a VM: the same llama-bench natively and through Venus over vtest (issue 40).
 
-One virgl_test_server --venus (provision/hosts/linux/vtest.py) serves every client of the run.
+One virgl_test_server --venus (provision/hosts/linux/vtest/venus.py) serves every client of the run.
 The same llama.cpp build (sid's llama.cpp-tools + libggml0-backend-vulkan, the llama-linux
 guest's packages) runs natively on the host's Vulkan driver and through Mesa's venus driver:
 llama-bench pp and tg, alternately, then a greedy llama-completion each way, whose text must be
@@ -46,7 +46,7 @@ from provision.core.errors import (  # noqa: E402
     ProvisionError,
     exit_as_cli,
 )
-from provision.hosts.linux import vtest  # noqa: E402
+from provision.hosts.linux.vtest import venus as vtest  # noqa: E402
 
 PROMPT = "t1 t2 t3"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -316,7 +316,7 @@ def render(report: Mapping[str, Any]) -> str:
 def server_root(tarball: Path | None) -> Path:
     """The host-tools chroot with the patched vtest server built in it."""
     from provision.core import pins
-    from provision.hosts.linux import vtest_server
+    from provision.hosts.linux.vtest import server as vtest_server
 
     if tarball is None:
         name = pins.default().require(vtest_server.PIN, purpose="the vtest server")["upstream_tarball"]

@@ -262,6 +262,33 @@ def test_only_the_runner_imports_subprocess() -> None:
     assert found == []
 
 
+def argparse_users(sources: dict[str, str]) -> list[str]:
+    """Modules outside the CLI that import argparse: a command line hidden inside the package."""
+    found = []
+    for rel, source in sources.items():
+        if rel.startswith("cli/"):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            if "argparse" in names:
+                found.append(rel)
+    return sorted(set(found))
+
+
+def test_every_command_line_is_a_provision_command_or_a_checks_script() -> None:
+    """A `python -m provision.x.y` with its own parser is a command nobody finds: commands live in
+    provision/cli/, end-to-end tools in checks/ (checks/apir-loopback/run-ops, checks/macos-report)."""
+    sources = {str(p.relative_to(PACKAGE)): p.read_text() for p in sorted(PACKAGE.rglob("*.py"))}
+    assert argparse_users(sources) == []
+
+
+def test_the_argparse_check_sees_an_import_and_not_a_mention() -> None:
+    sources = {"cli/run.py": "import argparse\n", "hosts/linux/x.py": "import argparse\n",
+               "apir/y.py": "from argparse import ArgumentParser\n", "serve/z.py": "# argparse would take it\n"}
+    assert argparse_users(sources) == ["apir/y.py", "hosts/linux/x.py"]
+
 def test_the_cli_renders_json_in_one_place() -> None:
     """Handlers return results; `--json` is rendered by cli/output.py, never branched on in a handler."""
     branches = [f"{p.name}:{n}" for p in sorted((PACKAGE / "cli").glob("*.py"))
@@ -289,9 +316,9 @@ def test_the_cli_api_and_routes_reach_a_host_only_through_the_registry() -> None
 
 
 def test_the_bypass_check_catches_a_face_importing_a_host() -> None:
-    graph = {"provision.cli.x": {"provision.hosts.linux.execute"}, "provision.api.jobs": {"provision.hosts"},
+    graph = {"provision.cli.x": {"provision.hosts.linux.run.execute"}, "provision.api.jobs": {"provision.hosts"},
              "provision.routes.y": {"provision.hosts.darwin"}}  # fmt: skip
-    assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.execute",
+    assert host_bypasses(graph) == ["provision.cli.x imports provision.hosts.linux.run.execute",
                                     "provision.routes.y imports provision.hosts.darwin"]  # fmt: skip
 
 

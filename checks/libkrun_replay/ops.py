@@ -1,6 +1,6 @@
 """test-backend-ops on "[virtgpu] CPU" with the frontend's transport going through virglrenderer.
 
-The APIR loopback (provision/hosts/linux/loopback.py, on-host CPU target) built with
+The APIR loopback (provision/hosts/linux/apir/loopback.py, on-host CPU target) built with
 checks/libkrun-replay/virtgpu-virgl.cpp in place of its own transport: every command and every
 shared page crosses a real APIR context of the replay's virglrenderer build, made in process as
 libkrun makes it (the Venus capset with VIRGL_ROUTE_VENUS_TO_APIR=1).
@@ -28,7 +28,7 @@ def loopback(b: build.Build):  # type: ignore[no-untyped-def]  # provision's Loo
     _provision()
     from provision.apir import builds
     from provision.core import layout
-    from provision.hosts.linux import loopback as lb
+    from provision.hosts.linux.apir import loopback as lb
     from provision.images import sources
 
     work = b.root / "ops"
@@ -64,7 +64,7 @@ def run(b: build.Build, ops: Sequence[str] | None = None) -> dict[str, object]:
     """Each op of the llama list (or ``ops``) through virglrenderer, as provision's loopback runs them."""
     _provision()
     from provision.apir import ops as apir_ops
-    from provision.hosts.linux import loopback as lb
+    from provision.hosts.linux.apir import loopback as lb
 
     loop = loopback(b)
     chosen = [apir_ops.by_name()[o] for o in ops] if ops else list(apir_ops.LLAMA_OPS)

@@ -38,7 +38,7 @@ effectiveStdenv.mkDerivation (finalAttrs: {
 
   src = krunLib.pins.fetch { inherit fetchurl fetchFromGitHub fetchFromGitLab; } "llama-cpp" pin;
 
-  # The host-side fixes the Linux route applies (provision/hosts/linux/loopback.py HOST_PATCHES):
+  # The host-side fixes the Linux route applies (provision/hosts/linux/apir/loopback.py HOST_PATCHES):
   # buffers are freed through ggml, so a backend buffer without free_buffer neither leaks nor kills
   # the worker; an unchanged graph is not decoded again each token, and a decoded one is freed;
   # APIR 0.3 (0006 shared with the guest series, 0008): a token's writes and graph in one round trip.

@@ -1,7 +1,7 @@
 """The bench history: one record per `provision bench` or `provision perplexity` run, and comparisons.
 
 Pure: records are built from a finished run's report and what was measured, parsed back from the
-JSON lines the history file holds (provision/adapters/jsonl.py), picked by id or position, listed
+JSON lines the history file holds (history_file.py, jsonl.py), picked by id or position, listed
 and compared. A record says where the numbers came from: the host, the stack and its route, the
 device, the model's sha256 and the llama.cpp build, so two records are only compared knowingly.
 """

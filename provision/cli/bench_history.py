@@ -1,6 +1,6 @@
 """`provision bench list` and `provision bench compare A B`: the bench history as tables or JSON.
 
-Every `provision bench` and `provision perplexity` run appends a record (provision/hosts/history.py);
+Every `provision bench` and `provision perplexity` run appends a record (provision/bench/history_file.py);
 these read it back. Registered under `bench` by provision/cli/bench.py.
 """
 
@@ -46,10 +46,10 @@ def register(actions: argparse._SubParsersAction) -> None:
 def record_bench(
     stack: Stack, model: Path, label: str, report: dict[str, Any], gpu_where: str, outputs: list[str]
 ) -> dict[str, str]:
-    from provision.hosts import history as host_history
+    from provision.bench import history_file
 
-    record = host_history.record_bench(stack, model, label, report, gpu_where, outputs)
-    return {"id": record.id, "file": str(host_history.path())}
+    record = history_file.record_bench(stack, model, label, report, gpu_where, outputs)
+    return {"id": record.id, "file": str(history_file.path())}
 
 
 def _warn_skipped(skipped: int) -> None:
@@ -61,12 +61,11 @@ def _warn_skipped(skipped: int) -> None:
 
 
 def list_cmd(args: argparse.Namespace) -> Result:
-    from provision.bench import history
+    from provision.bench import history, history_file
     from provision.core import values
-    from provision.hosts import history as host_history
 
     values.int_range(args.last, "--last", 1, 1_000_000)
-    records, skipped = host_history.load()
+    records, skipped = history_file.load()
     _warn_skipped(skipped)
     chosen = history.select(records, stack=args.stack, kind=args.kind)
     if args.last is not None:
@@ -74,17 +73,16 @@ def list_cmd(args: argparse.Namespace) -> Result:
 
     def text() -> str:
         if not chosen:
-            return f"no records in {host_history.path()}" + (" that match" if records else "; run `provision bench`")
+            return f"no records in {history_file.path()}" + (" that match" if records else "; run `provision bench`")
         return table(history.LIST_HEADERS, history.list_rows(chosen))
 
     return Result([r.as_dict() for r in chosen], text)
 
 
 def compare_cmd(args: argparse.Namespace) -> Result:
-    from provision.bench import history
-    from provision.hosts import history as host_history
+    from provision.bench import history, history_file
 
-    records, skipped = host_history.load()
+    records, skipped = history_file.load()
     _warn_skipped(skipped)
     a, b = history.pick(records, args.a), history.pick(records, args.b)
     rows = history.compare(a, b)

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--minimal", action="store_true",
-        help="with --bundle: cut each guest disk to what runs (hosts/linux/minimal.py): no lavapipe, no LLVM, "
+        help="with --bundle: cut each guest disk to what runs: no lavapipe, no LLVM, "
         "a small initrd",
     )
     p.add_argument("--no-guest", action="store_true", help="with --bundle: leave the guest disk out")

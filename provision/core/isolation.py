@@ -5,7 +5,7 @@ Pure. A guest gets the GPU (GPU runs only), the model and its job (both read-onl
 nothing else: no NIC unless ``serve`` publishes one port, a read-only root disk, bounded
 memory, CPUs and run time. On the host, QEMU never runs as root: when provision is root it
 enters the host-tools chroot and drops to ``krun-guest`` *before* QEMU starts (``chroot
---userspec``, with no_new_privs set; provision/hosts/linux/guest_user.py), the way libvirt
+--userspec``, with no_new_privs set; provision/hosts/linux/tools/guest_user.py), the way libvirt
 starts QEMU. QEMU's own ``-run-with user=`` is not used: its privilege drop happens after
 ``-sandbox`` is installed, so ``elevateprivileges=deny`` would kill QEMU at its own setgid().
 """

@@ -2,7 +2,7 @@
 
 Order, each step with its own error: catalog rules (E007) -> name, address and port checks
 (E003, E027: before anything boots) -> the guest (its job is llama-server; on Linux a
-guest run in a worker thread (hosts/linux/serve.py), with a NIC that forwards only the port) -> ``/health``
+guest run in a worker thread (hosts/linux/run/serve.py), with a NIC that forwards only the port) -> ``/health``
 answers (E021 past the deadline, E024 with the logs when the guest dies) -> the URL is
 announced -> the server runs until Ctrl-C, SIGTERM or `provision stop`, which stop the guest
 the way Ctrl-C stops `provision run`.

@@ -69,14 +69,19 @@ def test_provision_api_without_the_api_extra_names_the_pip_install(tmp_path: Pat
     assert missing in res.stderr and "Traceback" not in res.stderr and "bug in provision" not in res.stderr
 
 
-def test_the_loopback_entry_point_shows_a_provision_error_not_a_traceback(tmp_path: Path) -> None:
-    res = _provision(["--no-build"], {"PROVISION_HOST_TOOLS": str(tmp_path)}, module="provision.hosts.linux.loopback")
+def _script(path: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(REPO / path), *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **env}, timeout=120)  # fmt: skip
+
+
+def test_the_loopback_check_script_shows_a_provision_error_not_a_traceback(tmp_path: Path) -> None:
+    res = _script("checks/apir-loopback/run-ops", ["--no-build"], {"PROVISION_HOST_TOOLS": str(tmp_path)})
     assert res.returncode == errors.HostToolsMissing.exit_status
     assert res.stderr.startswith("E020: ") and "\n  fix: " in res.stderr and "Traceback" not in res.stderr
 
 
-def test_the_darwin_e2e_entry_point_shows_a_provision_error_not_a_traceback(tmp_path: Path) -> None:
-    res = _provision(["apir", "--bench", str(tmp_path / "missing.json")], {}, module="provision.hosts.darwin.e2e")
+def test_the_macos_report_script_shows_a_provision_error_not_a_traceback(tmp_path: Path) -> None:
+    res = _script("checks/macos-report", ["apir", "--bench", str(tmp_path / "missing.json")], {})
     assert res.returncode == errors.InvalidValue.exit_status
     assert res.stderr.startswith("E003: --bench ") and "fix: --bench FILE" in res.stderr
     assert "Traceback" not in res.stderr

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from provision.adapters import procs
-from provision.hosts.linux import watchdog
+from provision.hosts.linux.run import render_workers
 
 CMAKE_STANDIN = textwrap.dedent(
     """
@@ -46,7 +46,7 @@ ZSTD_STANDIN = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from provision.hosts.linux import bundle_archive
+    from provision.hosts.linux.tools import bundle_archive
     bundle_archive._unpack(Path(sys.argv[1]), Path(sys.argv[2]), "zst")
     """
 )
@@ -55,17 +55,17 @@ ZSTD_STANDIN = textwrap.dedent(
 def _below(pid: int, name: str, timeout: float = 60.0) -> dict[int, str]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = watchdog.descendants(pid)
+        found = render_workers.descendants(pid)
         if name in found.values():
             return found
         time.sleep(0.05)
-    raise AssertionError(f"no {name} under {pid} within {timeout} s: {watchdog.descendants(pid)}")
+    raise AssertionError(f"no {name} under {pid} within {timeout} s: {render_workers.descendants(pid)}")
 
 
 def _gone(pids: list[int], within: float = 15.0) -> list[int]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        left = [p for p in pids if procs.start_time(p) is not None and watchdog.zombie_status(p) is None]
+        left = [p for p in pids if procs.start_time(p) is not None and render_workers.zombie_status(p) is None]
         if not left:
             return []
         time.sleep(0.1)

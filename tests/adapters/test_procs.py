@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from provision.adapters import procs
-from provision.hosts.linux import slots
+from provision.hosts.linux.run import slots
 
 # A stand-in for `provision run`: starts a child (a shell with a grandchild in its group) the way
 # the run does, prints the pids, then waits; it unwinds on signals exactly like provision's main.

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import facts as linux
-from provision.hosts.linux import slots
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts as linux
+from provision.hosts.linux.run import slots
+from provision.hosts.linux.tools import host_tools
 from tests.api.client import Api, api_server, wait_gone
 from tests.helpers import gone
 

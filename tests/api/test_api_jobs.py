@@ -13,8 +13,8 @@ import pytest
 from provision.api.jobs import LineSink, guest_command, read_device
 from provision.core import catalog
 from provision.core.errors import RunCancelled
-from provision.hosts.linux import runplan as linux
-from provision.hosts.linux import slots, watch
+from provision.hosts.linux.run import runplan as linux
+from provision.hosts.linux.run import slots, watch
 
 TRICKY = """printf '%s\\n' "it's" "a \\"b\\"" '$HOME' "$(echo sub)"; echo 'two
 lines'; exit 5"""

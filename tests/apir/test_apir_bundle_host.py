@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from provision.core.errors import HostToolsMissing
-from provision.hosts.linux import apir_host, bundle, bundle_archive
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.apir import host_side
+from provision.hosts.linux.tools import bundle, bundle_archive, host_tools
 
 
 def installed_bundle(root: Path) -> host_tools.HostTools:
@@ -28,8 +28,8 @@ def test_a_bundle_with_apir_and_a_cuda_build_gives_qemu_host_paths(tmp_path: Pat
     ggml.mkdir()
     for name in ("libggml-virtgpu-backend.so", "libggml-cuda.so"):
         (ggml / name).write_bytes(b"")
-    monkeypatch.setenv(apir_host.HOST_GGML_ENV, str(ggml))
-    found = apir_host.locate(tools)
+    monkeypatch.setenv(host_side.HOST_GGML_ENV, str(ggml))
+    found = host_side.locate(tools)
     assert found is not None
     env = found.qemu_env()
     assert env["LD_LIBRARY_PATH"] == f"{tools.root}/opt/virgl-apir/lib"
@@ -37,14 +37,14 @@ def test_a_bundle_with_apir_and_a_cuda_build_gives_qemu_host_paths(tmp_path: Pat
     assert env["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"] == f"{ggml}/libggml-cuda.so"
     assert env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"] == "ggml_backend_cuda_reg"
     assert env["VIRGL_APIR_BACKEND_LIBRARY"] == f"{ggml}/libggml-virtgpu-backend.so"
-    assert {c.id: c.status for c in apir_host.checks(tools)}["host-tools.apir.ggml"] == "ok"
+    assert {c.id: c.status for c in host_side.checks(tools)}["host-tools.apir.ggml"] == "ok"
 
 
 def test_without_the_host_ggml_a_bundle_has_no_apir_and_a_wrong_dir_is_named(tmp_path: Path, monkeypatch) -> None:
     tools = installed_bundle(tmp_path / "tools")
-    monkeypatch.delenv(apir_host.HOST_GGML_ENV, raising=False)
-    assert apir_host.locate(tools) is None
-    monkeypatch.setenv(apir_host.HOST_GGML_ENV, str(tmp_path))
+    monkeypatch.delenv(host_side.HOST_GGML_ENV, raising=False)
+    assert host_side.locate(tools) is None
+    monkeypatch.setenv(host_side.HOST_GGML_ENV, str(tmp_path))
     with pytest.raises(HostToolsMissing) as err:
-        apir_host.locate(tools)
-    assert apir_host.HOST_GGML_ENV in err.value.message and err.value.code == "E020"
+        host_side.locate(tools)
+    assert host_side.HOST_GGML_ENV in err.value.message and err.value.code == "E020"

@@ -11,7 +11,7 @@ import pytest
 
 from provision.apir import ops as apir_ops
 from provision.core.errors import InvalidValue
-from provision.hosts.linux import loopback as apir_loopback
+from provision.hosts.linux.apir import loopback as apir_loopback
 
 
 def test_on_host_build_names_the_pinned_drm_headers_and_quotes_its_paths():

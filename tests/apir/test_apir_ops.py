@@ -79,7 +79,7 @@ def test_guest_image_builds_the_tools_the_check_runs():
 
 
 def test_loopback_build_applies_the_guest_patches_and_targets_the_chosen_host_backend():
-    from provision.hosts.linux import loopback as apir_loopback
+    from provision.hosts.linux.apir import loopback as apir_loopback
 
     patches = apir_loopback.guest_patches()
     assert patches[0].startswith("0001-") and patches[1].startswith("0002-")

@@ -25,7 +25,7 @@ import pytest
 from provision.apir import builds
 from provision.apir import ggml as ggml_build
 from provision.core import catalog, pins
-from provision.hosts.linux import loopback, loopback_host
+from provision.hosts.linux.apir import loopback, loopback_no_chroot
 from provision.images import sources
 
 REPO = Path(__file__).resolve().parents[2]
@@ -124,22 +124,22 @@ def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_
 
 
 def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str, ...],
-              like: loopback_host.HostDirs | None = None) -> loopback_host.HostDirs:
-    dirs = loopback_host.HostDirs(tree=sources.llama_cpp_tree(), loopback_src=loopback.loopback_dir(),
+              like: loopback_no_chroot.HostDirs | None = None) -> loopback_no_chroot.HostDirs:
+    dirs = loopback_no_chroot.HostDirs(tree=sources.llama_cpp_tree(), loopback_src=loopback.loopback_dir(),
                                   patches=REPO / "patches" / "llama.cpp", work=tmp_path / name,
                                   drm_include=builds.drm_headers(), lib=builds.ensure("host").bin_dir)
     dirs.work.mkdir(parents=True)
     if like is not None:  # test-backend-ops.o does not change with the patches: compiled once
         shutil.copy2(like.work / "test-backend-ops.o", dirs.work / "test-backend-ops.o")
-    script = loopback_host.build_script(dirs, guest, "cpu", host)
+    script = loopback_no_chroot.build_script(dirs, guest, "cpu", host)
     proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     return dirs
 
 
-def _decode_check(dirs: loopback_host.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
+def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
     # The remote CPU without host-pointer buffers, as a GPU: tensor data crosses as commands.
-    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
            "APIR_LOOPBACK_NO_HOST_PTR": "1"}
     return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
@@ -167,8 +167,8 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_value
     assert run12["compute_ns"] > 0 and "copy_ns" in run12
 
 
-def _alloc_size_check(dirs: loopback_host.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", **loopback_host.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+def _alloc_size_check(dirs: loopback_no_chroot.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
            "APIR_LOOPBACK_NO_HOST_PTR": "1", "APIR_LOOPBACK_ALLOC_PAD": str(pad)}
     return subprocess.run([str(dirs.bin / "alloc-size-check"), loopback.TARGETS["cpu"][2], str(pad)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)

@@ -14,8 +14,8 @@ import pytest
 
 from provision.apir import route as apir_route
 from provision.core import errors
-from provision.hosts.linux import tools as host_tools
-from provision.hosts.linux import watchdog
+from provision.hosts.linux.run import render_workers
+from provision.hosts.linux.tools import host_tools
 
 PREFIX = apir_route.VirglPrefix(PurePosixPath("/opt/virgl-apir"))
 VULKAN = apir_route.HostGgml(
@@ -70,14 +70,14 @@ def test_cpu_backend_is_refused_with_the_reason(lib, reg):
     ],
 )
 def test_fatal_lines_are_named(line, kind):
-    death = watchdog.classify(line)
+    death = render_workers.classify(line)
     assert death is not None and death.kind == kind
     assert death.error().code == "E023"
 
 
 def test_ordinary_lines_are_not_fatal():
     for line in ("ggml-virtgpu: Host minor (1) and guest minor (2) version differ", "llama-bench: pp16 932 t/s"):
-        assert watchdog.classify(line) is None
+        assert render_workers.classify(line) is None
 
 
 STANDIN = Path(__file__).with_name("qemu_standin.py")
@@ -107,9 +107,10 @@ class Qemu:
         assert self.proc.stdout.readline().startswith("ready"), f"the stand-in QEMU failed at {command!r}"
 
     def workers(self) -> dict[int, str]:
-        below = watchdog.tree(self.proc.pid)
-        servers = {p for p, (_parent, name) in below.items() if watchdog.RENDER_SERVER.match(name)}
-        return {p: n for p, (parent, n) in below.items() if parent in servers and watchdog.zombie_status(p) is None}
+        below = render_workers.tree(self.proc.pid)
+        servers = {p for p, (_parent, name) in below.items() if render_workers.RENDER_SERVER.match(name)}
+        return {p: n for p, (parent, n) in below.items()
+                if parent in servers and render_workers.zombie_status(p) is None}
 
     def close(self) -> None:
         self.proc.kill()
@@ -134,18 +135,18 @@ def _until(what, timeout: float = 20.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _context_of(watch: watchdog.WorkerWatch, worker: int):
+def _context_of(watch: render_workers.WorkerWatch, worker: int):
     return next((c for c in watch.contexts.values() if c.owner == worker and c.counted), None)
 
 
-def _paired(watch: watchdog.WorkerWatch, worker: int) -> bool:
+def _paired(watch: render_workers.WorkerWatch, worker: int) -> bool:
     return watch.poll(time.monotonic()) is None and _context_of(watch, worker) is not None
 
 
-def _watched_worker(qemu: Qemu) -> tuple[watchdog.WorkerWatch, int]:
+def _watched_worker(qemu: Qemu) -> tuple[render_workers.WorkerWatch, int]:
     qemu.say("open")
     worker = next(iter(_until(qemu.workers)))
-    watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
+    watch = render_workers.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
     # The watch paired the worker with the socket QEMU holds: what it judges the end by.
     _until(lambda: _paired(watch, worker))
     assert watch.workers[worker].startswith("virgl-1-")
@@ -170,12 +171,12 @@ def test_a_worker_ends_with_status_255_when_its_context_closes_so_status_cannot_
     # neither reap nor kill), a worker whose context QEMU closed stays a zombie with its status.
     qemu.say("open")
     worker = next(iter(_until(qemu.workers)))
-    server = watchdog.tree(qemu.proc.pid)[worker][0]
+    server = render_workers.tree(qemu.proc.pid)[worker][0]
     os.kill(server, signal.SIGSTOP)
     try:
         qemu.proc.stdin.write("close\n")  # type: ignore[union-attr]
         qemu.proc.stdin.flush()  # type: ignore[union-attr]
-        assert _until(lambda: watchdog.zombie_status(worker)) == "exit status 255"
+        assert _until(lambda: render_workers.zombie_status(worker)) == "exit status 255"
     finally:
         os.kill(server, signal.SIGCONT)
 
@@ -217,7 +218,7 @@ def test_a_worker_that_died_before_the_watch_ever_saw_it_is_still_a_death(qemu):
     worker = next(iter(_until(qemu.workers)))
     os.kill(worker, signal.SIGKILL)
     _until(lambda: worker not in qemu.workers())
-    watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
+    watch = render_workers.WorkerWatch(qemu.proc.pid, confirm_s=1.0)
     now = time.monotonic()
     assert watch.poll(now) is None and worker not in watch.workers
     death = watch.poll(now + 1.0)
@@ -227,7 +228,7 @@ def test_a_worker_that_died_before_the_watch_ever_saw_it_is_still_a_death(qemu):
 
 @pytest.mark.root
 def test_a_context_opened_and_closed_between_two_polls_is_no_death(qemu):
-    watch = watchdog.WorkerWatch(qemu.proc.pid, confirm_s=0.0)
+    watch = render_workers.WorkerWatch(qemu.proc.pid, confirm_s=0.0)
     assert watch.poll(time.monotonic()) is None
     qemu.say("open")
     qemu.say("close")
@@ -253,12 +254,12 @@ def test_a_watch_that_cannot_pair_sockets_reports_no_death():
     )
     root = subprocess.Popen([sys.executable, "-c", tree])
     try:
-        watch = watchdog.WorkerWatch(root.pid, confirm_s=0.0, peers=refused)
-        kids = _until(lambda: [p for p, (_, n) in watchdog.tree(root.pid).items() if n == "virgl-1-gpu_ren"])
+        watch = render_workers.WorkerWatch(root.pid, confirm_s=0.0, peers=refused)
+        kids = _until(lambda: [p for p, (_, n) in render_workers.tree(root.pid).items() if n == "virgl-1-gpu_ren"])
         watch.poll(0.0)
         assert watch.blind and kids[0] in watch.workers
         os.kill(kids[0], signal.SIGKILL)
-        _until(lambda: kids[0] not in watchdog.descendants(root.pid) or watchdog.zombie_status(kids[0]))
+        _until(lambda: kids[0] not in render_workers.descendants(root.pid) or render_workers.zombie_status(kids[0]))
         assert watch.poll(10.0) is None and watch.poll(20.0) is None
     finally:
         root.kill()
@@ -274,7 +275,7 @@ def test_walking_the_tree_survives_children_that_exit_while_it_is_read():
         seen = 0
         deadline = time.monotonic() + 4
         while time.monotonic() < deadline:
-            seen += len(watchdog.descendants(root.pid))
+            seen += len(render_workers.descendants(root.pid))
         assert root.poll() is None
         assert seen > 0, "the churn never showed a child: the walk was not exercised"
     finally:

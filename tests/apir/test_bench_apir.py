@@ -7,7 +7,7 @@ import pytest
 
 from provision.apir import route as apir_route
 from provision.bench import report as bench
-from provision.hosts.linux import bench as linux_bench
+from provision.hosts.linux.run import bench as linux_bench
 
 
 def r(where: str, test: str, ts: float) -> bench.BenchResult:

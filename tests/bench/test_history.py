@@ -13,10 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from provision.adapters import jsonl
-from provision.bench import history
+from provision.bench import history, history_file, jsonl
 from provision.core.errors import DiskFull, InvalidValue
-from provision.hosts import history as host_history
 from tests.helpers import run_provision
 
 HOST = {"name": "box", "os": "linux", "machine": "x86_64"}
@@ -60,24 +58,24 @@ def test_concurrent_appends_never_interleave(tmp_path: Path) -> None:
 
 def test_a_torn_last_line_is_skipped_and_the_next_record_starts_a_line_of_its_own(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
-    host_history.append(bench_record(1.0, 1.0), path)
+    history_file.append(bench_record(1.0, 1.0), path)
     whole = json.dumps(bench_record(2.0, 2.0).as_dict())
     with path.open("a") as fh:  # a writer killed half-way through its line
         fh.write(whole[: len(whole) // 2])
-    host_history.append(bench_record(3.0, 3.0), path)
-    records, skipped = host_history.load(path)
+    history_file.append(bench_record(3.0, 3.0), path)
+    records, skipped = history_file.load(path)
     assert skipped == 1
     assert [r.results[0].value for r in records] == [1.0, 3.0]
 
 
 def test_a_short_write_leaves_the_history_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
-    host_history.append(bench_record(1.0, 1.0), path)
+    history_file.append(bench_record(1.0, 1.0), path)
     before = path.read_bytes()
     code = (
         "import resource, signal, sys\n"
         "from pathlib import Path\n"
-        "from provision.adapters import jsonl\n"
+        "from provision.bench import jsonl\n"
         "from provision.core.errors import DiskFull\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         f"resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) + 100}, {resource.RLIM_INFINITY}))\n"
@@ -95,7 +93,7 @@ def test_a_short_write_leaves_the_history_as_it_was(tmp_path: Path) -> None:
 def test_a_killed_appender_leaves_whole_records(tmp_path: Path) -> None:
     path = tmp_path / "history.jsonl"
     code = (
-        "from pathlib import Path\nfrom provision.adapters import jsonl\n"
+        "from pathlib import Path\nfrom provision.bench import jsonl\n"
         f"while True:\n    jsonl.append(Path({str(path)!r}), {{'pad': 'y' * 200000}})\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
@@ -177,18 +175,18 @@ def test_llama_build_from_bench_json_or_the_log_line() -> None:
 def test_model_digest_is_the_store_blob_name_or_the_file_hash(tmp_path: Path) -> None:
     blob = tmp_path / f"sha256-{'cd' * 32}"
     blob.write_bytes(b"not hashed")
-    assert host_history.file_sha256(blob) == "cd" * 32
+    assert history_file.file_sha256(blob) == "cd" * 32
     other = tmp_path / "m.gguf"
     other.write_bytes(b"GGUF")
     import hashlib
 
-    assert host_history.file_sha256(other) == hashlib.sha256(b"GGUF").hexdigest()
+    assert history_file.file_sha256(other) == hashlib.sha256(b"GGUF").hexdigest()
 
 
 def test_bench_list_and_compare_print_tables_and_json(empty_cache: Path) -> None:
     a, b = bench_record(400.0, 20.0), bench_record(800.0, 30.0, time="2026-12-01T11:00:00Z")
-    host_history.append(a)
-    host_history.append(b)
+    history_file.append(a)
+    history_file.append(b)
     env = {"PROVISION_CACHE": str(empty_cache)}
     listed = run_provision("bench", "list", env=env)
     assert listed.returncode == 0, listed.stderr

@@ -12,8 +12,8 @@ from provision.bench import perplexity
 from provision.core import catalog, pins
 from provision.core.errors import GpuNotSupported, InvalidValue, ToolMissing, VmFailed
 from provision.hosts import PerplexityRequest
-from provision.hosts.linux import disks
-from provision.hosts.linux import perplexity as linux_perplexity
+from provision.hosts.linux.run import perplexity as linux_perplexity
+from provision.images import disks
 from tests.helpers import run_provision
 
 FINAL = """perplexity: calculating perplexity over 8 chunks, n_ctx=256, batch_size=256, n_seq=1

@@ -18,7 +18,8 @@ from types import ModuleType
 import pytest
 
 from provision.core.errors import GpuNotSupported
-from provision.hosts.linux import vtest, vtest_server
+from provision.hosts.linux.vtest import server as vtest_server
+from provision.hosts.linux.vtest import venus as vtest
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench" / "venus_vtest.py"

@@ -157,9 +157,10 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
     from provision.adapters import podman
     from provision.core import catalog, layout, paths
     from provision.hosts import RunRequest
-    from provision.hosts.linux import accel, apir_host, slots
-    from provision.hosts.linux import facts as linux
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.apir import host_side
+    from provision.hosts.linux.run import accel, slots
+    from provision.hosts.linux.run import facts as linux
+    from provision.hosts.linux.tools import host_tools
     from provision.images import announce
     from provision.images import build as images
     from provision.models import download, fetch, shortnames
@@ -178,7 +179,7 @@ def _readers(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[str,
         "gpu_slots": ("5", slots.slot_count, 5),
         "guest_debug": ("1", lambda: linux.gather(RunRequest(stack, False, ("true",)), dry_run=True).guest_debug,
                         True),  # fmt: skip
-        "apir_host_ggml": (str(tmp), apir_host.own_ggml, tmp),
+        "apir_host_ggml": (str(tmp), host_side.own_ggml, tmp),
         "stall_s": ("0.5", download.stall_seconds, 0.5),
         "podman_isolation": ("oci", lambda: images.host_flags().isolation, "oci"),
         "ask_above": ("1K", fetch.ask_threshold, 1024),
@@ -273,9 +274,10 @@ def _given(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[se
     """setting -> what its module reads, handed the settings instead of looking them up."""
     from provision.core import catalog, layout, paths
     from provision.hosts import RunRequest
-    from provision.hosts.linux import accel, apir_host, slots
-    from provision.hosts.linux import facts as linux
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.apir import host_side
+    from provision.hosts.linux.run import accel, slots
+    from provision.hosts.linux.run import facts as linux
+    from provision.hosts.linux.tools import host_tools
     from provision.images import announce
     from provision.images import build as images
     from provision.models import download, fetch, shortnames
@@ -290,7 +292,7 @@ def _given(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Callable[[se
         "gpu_slots": slots.slot_count,
         "guest_debug": lambda s: linux.gather(RunRequest(stack, False, ("true",)), dry_run=True,
                                               settings=s).guest_debug,  # fmt: skip
-        "apir_host_ggml": apir_host.own_ggml,
+        "apir_host_ggml": host_side.own_ggml,
         "stall_s": download.stall_seconds,
         "podman_isolation": lambda s: images.host_flags(s).isolation,
         "ask_above": fetch.ask_threshold,

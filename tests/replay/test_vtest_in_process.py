@@ -37,7 +37,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.root]
 
 @pytest.fixture(scope="module")
 def chroot_root() -> Path:
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.tools import host_tools
 
     tools = host_tools.locate()
     assert tools is not None and tools.is_chroot, "sid's Mesa venus driver lives in the host-tools chroot\n" \

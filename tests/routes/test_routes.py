@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from provision import hosts
+from provision.bench import history_file
 from provision.core import catalog
 from provision.core.errors import GpuNotSupported, UnknownRoute
 from provision.doctor.route import check_route
-from provision.hosts import history
 from provision.hosts.linux import route_facts as probe
 from provision.routes.choose import HostFacts, RenderNode, choose, stack_for
 from tests.helpers import run_provision
@@ -105,7 +105,7 @@ def test_probe_reads_render_nodes_drivers_nvidia_and_icds_from_a_tree(tmp_path: 
 
 
 def test_probe_finds_a_cached_cuda_build_and_a_measured_apir_speedup(empty_cache: Path) -> None:
-    assert probe.cuda_backend() is None and history.apir_speedup_measured() is None
+    assert probe.cuda_backend() is None and history_file.apir_speedup_measured() is None
     build = empty_cache / "ggml" / "k1"
     (build / "bin").mkdir(parents=True)
     (build / "build.json").write_text(json.dumps({"variant": "cuda"}))
@@ -117,7 +117,7 @@ def test_probe_finds_a_cached_cuda_build_and_a_measured_apir_speedup(empty_cache
             {"where": "guest-gpu", "test": "tg16", "tokens_per_s": 20.0},
             {"where": "guest-gpu", "test": "pp256", "tokens_per_s": 900.0}]  # fmt: skip
     (empty_cache / "bench" / "llama-apir-1.json").write_text(json.dumps({"results": rows}))
-    assert history.apir_speedup_measured() == pytest.approx(1.5)
+    assert history_file.apir_speedup_measured() == pytest.approx(1.5)
 
 
 # --- macOS (recorded inputs: a bundle of real libraries, the recorded machine route) ----------------

@@ -10,7 +10,7 @@ import pytest
 
 from provision import hosts
 from provision.core import catalog
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.tools import host_tools
 from provision.routes import choose
 from tests.helpers import run_provision
 from tests.hosts.linux.test_linux_e2e import tools  # noqa: F401  (the chroot and the llama-linux disk)

@@ -28,7 +28,7 @@ from provision import cli
 from provision.cli import build_parser
 from provision.cli import serve as serve_cli
 from provision.core import catalog
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.tools import host_tools
 from provision.serve import engine, model_defaults
 from tests.models import models_http, registries
 

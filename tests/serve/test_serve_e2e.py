@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from provision.core import paths
-from provision.hosts.linux import watchdog
+from provision.hosts.linux.run import render_workers
 from provision.models import store as models
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
@@ -129,7 +129,7 @@ def cpu_serve(model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str
             time.sleep(1)
         assert out.read_text().strip() == f"http://127.0.0.1:{port}", err.read_text()[-3000:]
         text = greedy(port)
-        below = watchdog.descendants(proc.pid)
+        below = render_workers.descendants(proc.pid)
         proc.send_signal(signal.SIGINT)
         status = proc.wait(timeout=120)
     finally:
@@ -185,7 +185,7 @@ def test_served_greedy_text_on_the_gpu_equals_the_cpu_route(served: dict[str, An
     job = (Path(served["run_dir"]) / "job.img").read_bytes().rstrip(b"\0").decode()
     assert "--n-gpu-layers 99 --device Vulkan0" in job, job
     assert "no usable GPU found" not in Path(served["log"]).read_text(errors="replace")
-    assert re.search(r"virgl|render", " ".join(watchdog.descendants(served["qemu_pid"]).values()))
+    assert re.search(r"virgl|render", " ".join(render_workers.descendants(served["qemu_pid"]).values()))
 
 
 def test_serve_s_llama_server_options_reach_the_guest_through_the_supervisor(served: dict[str, Any]) -> None:
@@ -229,7 +229,7 @@ def slot_of(pid: int) -> Path:
 
 
 def test_stop_ends_it_and_leaves_no_process_and_a_free_slot(served: dict[str, Any]) -> None:
-    below = watchdog.descendants(served["pid"])
+    below = render_workers.descendants(served["pid"])
     names = " ".join(below.values())
     assert "qemu" in names and "Xvfb" not in names and re.search(r"virgl|render", names), below
     slot = slot_of(served["pid"])

@@ -21,7 +21,7 @@ from provision.adapters import qemu
 from provision.core import catalog
 from provision.core.errors import InvalidValue, PortInUse, RunTimeout, VmFailed
 from provision.hosts.darwin.runplan import Publish, plan_run
-from provision.hosts.linux import shell
+from provision.hosts.linux.run import shell
 from provision.serve import engine as serving
 from provision.serve import state as serve_state
 
@@ -365,8 +365,8 @@ def test_ctrl_bracket_stops_the_latest_qemu_not_an_earlier_boot_s_pid() -> None:
 
 
 def test_a_split_model_reaches_the_guest_part_by_part_under_its_own_names(empty_cache: Path, tmp_path: Path) -> None:
-    from provision.hosts.linux import disks
-    from provision.hosts.linux import serve as linux_serve
+    from provision.hosts.linux.run import serve as linux_serve
+    from provision.images import disks
 
     names = [f"big-Q4_K_M-{k:05d}-of-00003.gguf" for k in (1, 2, 3)]
     for k, name in enumerate(names):

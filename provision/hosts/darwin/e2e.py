@@ -1,22 +1,16 @@
 """Verdicts and the pasteable report of the macOS end-to-end checks (checks/macos-venus,
 checks/macos-apir). The scripts run the commands on a Mac and save their output; this module
 parses those texts (vulkaninfo --summary, llama-bench tables), so it is tested anywhere.
-
-    python -m provision.e2e_macos venus --vulkaninfo F --gpu-bench F --cpu-bench F [--facts F]
-    python -m provision.e2e_macos apir --bench F [--facts F]
+checks/macos-report reads the saved files and prints the report.
 """
 
 from __future__ import annotations
 
-import argparse
 import platform
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from provision.core.diagnostics import Check, failed
-from provision.core.errors import InvalidValue, exit_as_cli
 from provision.hosts.darwin.guest_checks import parse_vulkaninfo_summary
 
 MIN_PP_SPEEDUP = 2.0
@@ -151,39 +145,3 @@ def report(route: str, checks: list[Check], facts: str = "") -> str:
     lines += [f"| {c.status} | {c.id} | {c.evidence.replace('|', '/')} |" for c in checks]
     return "\n".join(lines) + "\n"
 
-
-def _read(path: Path, flag: str) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except OSError as exc:
-        raise InvalidValue(
-            f"{flag} {path}: {exc.strerror}", fix=f"{flag} FILE: the output the check script saved"
-        ) from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m provision.hosts.darwin.e2e")
-    sub = ap.add_subparsers(dest="route", required=True)
-    v = sub.add_parser("venus")
-    v.add_argument("--vulkaninfo", type=Path, required=True)
-    v.add_argument("--gpu-bench", type=Path, required=True)
-    v.add_argument("--cpu-bench", type=Path, required=True)
-    a = sub.add_parser("apir")
-    a.add_argument("--bench", type=Path, required=True)
-    for p in (v, a):
-        p.add_argument("--facts", type=Path, default=None, help="lines of versions to include in the report")
-    args = ap.parse_args(argv)
-    if args.route == "venus":
-        checks = venus_checks(
-            _read(args.vulkaninfo, "--vulkaninfo"), _read(args.gpu_bench, "--gpu-bench"),
-            _read(args.cpu_bench, "--cpu-bench"),
-        )
-    else:
-        checks = apir_checks(_read(args.bench, "--bench"))
-    facts = _read(args.facts, "--facts") if args.facts else ""
-    sys.stdout.write(report(args.route, checks, facts))
-    return 1 if failed(checks) else 0
-
-
-if __name__ == "__main__":
-    exit_as_cli(main)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from provision.bench import history_file
 from provision.core.errors import KrunBundleMissing
-from provision.hosts import history
 from provision.routes.choose import HostFacts
 
 
@@ -16,7 +16,7 @@ def facts() -> HostFacts:
     from provision.hosts.darwin import bundle as bundle_mod
     from provision.hosts.darwin import machine_state
 
-    speedup = history.apir_speedup_measured()
+    speedup = history_file.apir_speedup_measured()
     try:
         b = bundle_mod.locate(None, env=dict(os.environ), home=Path.home())
     except KrunBundleMissing:

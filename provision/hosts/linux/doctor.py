@@ -15,8 +15,8 @@ from pathlib import Path
 
 from provision.adapters import qemu, runner
 from provision.core.diagnostics import Check, DoctorContext
-from provision.hosts.linux import accel, display
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import accel, display
+from provision.hosts.linux.tools import host_tools
 
 HOST_TOOLS_ENV = host_tools.ENV_VAR
 QEMU = qemu.BINARY

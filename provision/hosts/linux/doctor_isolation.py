@@ -15,10 +15,10 @@ from pathlib import Path
 from provision.core import isolation
 from provision.core.diagnostics import Check, DoctorContext
 from provision.hosts import RunRequest
-from provision.hosts.linux import guest_user
-from provision.hosts.linux.disks import RootDisk
-from provision.hosts.linux.runplan import HostFacts, RunPlan, plan_run
-from provision.hosts.linux.tools import HostTools
+from provision.hosts.linux.run.runplan import HostFacts, RunPlan, plan_run
+from provision.hosts.linux.tools import guest_user
+from provision.hosts.linux.tools.host_tools import HostTools
+from provision.images.disks import RootDisk
 
 
 def user_check(euid: int, tools_root: Path | None, is_chroot: bool) -> Check:
@@ -100,7 +100,7 @@ def plan_checks(plans: dict[str, RunPlan]) -> list[Check]:
 
 
 def isolation_checks(ctx: DoctorContext) -> list[Check]:
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.tools import host_tools
 
     tools = host_tools.locate(env=ctx.env)
     user = user_check(os.geteuid(), tools.root if tools else None, bool(tools and tools.is_chroot))

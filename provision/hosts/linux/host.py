@@ -1,6 +1,6 @@
 """The Linux host behind the one Host protocol: QEMU + virglrenderer guests, shell, serve, doctor, bench.
 
-Every guest is one RunRequest -> plan (execute.plan: facts, then runplan.plan_run) -> execute.
+Every guest is one RunRequest -> plan (run/execute.plan: facts, then runplan.plan_run) -> execute.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class LinuxHost:
 
     def plan_run(self, req: RunRequest) -> Mapping[str, Any]:
         """The frozen RunPlan as data, with ``shell``: what `provision run --dry-run` prints."""
-        from provision.hosts.linux import execute
+        from provision.hosts.linux.run import execute
 
         plan = execute.plan(req, dry_run=True)
         model = str(req.model_path) if req.model_path else None  # the file the model disk will hold
@@ -40,44 +40,44 @@ class LinuxHost:
                 "shell": plan.shell()}  # fmt: skip
 
     def run(self, req: RunRequest, io: RunIO | None = None) -> RunResult:
-        from provision.hosts.linux import execute
+        from provision.hosts.linux.run import execute
 
         return execute.run(req, io)
 
     def plan_serve(self, req: ServeRequest) -> Mapping[str, Any]:
-        from provision.hosts.linux.serve import run_request
+        from provision.hosts.linux.run.serve import run_request
 
         return self.plan_run(run_request(req))
 
     def serve_guest(self, req: ServeRequest, *, out: BinaryIO, err: BinaryIO) -> Guest:
-        from provision.hosts.linux.serve import LinuxGuest
+        from provision.hosts.linux.run.serve import LinuxGuest
 
         return LinuxGuest(req, out=out, err=err)
 
     def plan_shell(self, req: RunRequest) -> Mapping[str, Any]:
-        from provision.hosts.linux.shell import PLANNED_TERMINAL, shell_request
+        from provision.hosts.linux.run.shell import PLANNED_TERMINAL, shell_request
 
         return self.plan_run(shell_request(req, PLANNED_TERMINAL))
 
     def shell(self, req: RunRequest) -> int:
-        from provision.hosts.linux.shell import run_shell
+        from provision.hosts.linux.run.shell import run_shell
 
         return run_shell(req)
 
     def doctor_checks(self, ctx: DoctorContext) -> list[Check]:
-        from provision.hosts.linux import apir_host
+        from provision.hosts.linux.apir import host_side
         from provision.hosts.linux.doctor import linux_checks
         from provision.hosts.linux.doctor_isolation import isolation_checks
 
-        return [*linux_checks(ctx), *apir_host.doctor_checks(ctx), *isolation_checks(ctx)]
+        return [*linux_checks(ctx), *host_side.doctor_checks(ctx), *isolation_checks(ctx)]
 
     def bench(self, req: BenchRequest) -> BenchRun:
-        from provision.hosts.linux import bench_run
+        from provision.hosts.linux.run import bench
 
-        return bench_run.run(req)
+        return bench.run(req)
 
     def perplexity(self, req: PerplexityRequest) -> dict[str, Any]:
-        from provision.hosts.linux import perplexity
+        from provision.hosts.linux.run import perplexity
 
         return perplexity.measure(req)
 
@@ -96,7 +96,7 @@ class LinuxHost:
         return route_facts.facts()
 
     def gpu_slots(self) -> int:
-        from provision.hosts.linux import slots
+        from provision.hosts.linux.run import slots
 
         return slots.slot_count()
 

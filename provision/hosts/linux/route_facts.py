@@ -12,8 +12,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from provision.bench import history_file
 from provision.core import paths
-from provision.hosts import history
 from provision.routes.choose import HostFacts, RenderNode
 
 ICD_DIRS = ("usr/share/vulkan/icd.d", "etc/vulkan/icd.d")
@@ -29,7 +29,7 @@ def facts(root: Path = Path("/")) -> HostFacts:
         cuda_backend=cuda_backend(),
         apir_host_tools=_apir_host_tools(),
         vulkan_icds=vulkan_icds([root, *_host_tools_roots()], loader_env=os.environ),
-        apir_speedup=history.apir_speedup_measured(),
+        apir_speedup=history_file.apir_speedup_measured(),
     )
 
 
@@ -96,13 +96,13 @@ def cuda_backend() -> str | None:
 
 
 def _host_tools_roots() -> list[Path]:
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.tools import host_tools
 
     found = host_tools.locate()
     return [found.root] if found is not None and found.root != Path("/") else []
 
 
 def _apir_host_tools() -> bool:
-    from provision.hosts.linux import apir_host
+    from provision.hosts.linux.apir import host_side
 
-    return apir_host.locate() is not None
+    return host_side.locate() is not None

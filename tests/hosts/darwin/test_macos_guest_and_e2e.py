@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
 from provision.core import pins
 from provision.hosts.darwin import e2e as e2e_macos
@@ -105,11 +107,21 @@ def test_venus_verdict_needs_an_apple_venus_device_and_2x_pp():
     assert report.startswith("### krun-gpu macOS venus check: PASS") and "| ok | venus.speedup |" in report
 
 
-def test_apir_verdict_needs_the_ggml_virtgpu_backend(tmp_path, capsys):
+REPORT = Path(__file__).resolve().parents[3] / "checks" / "macos-report"
+
+
+def test_apir_verdict_needs_the_ggml_virtgpu_backend():
     assert e2e_macos.apir_checks((DATA / "llama-bench-virtgpu.txt").read_text())[0].status == "ok"
     vulkan = e2e_macos.apir_checks((DATA / "llama-bench-venus-tcg.txt").read_text())
     assert vulkan[0].status == "fail" and "Vulkan" in vulkan[0].evidence
-    code = e2e_macos.main(["apir", "--bench", str(DATA / "llama-bench-virtgpu.txt")])
-    assert code == 0 and "PASS" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        e2e_macos.main(["venus"])
+
+
+def test_the_macos_report_script_prints_the_verdict_of_the_saved_outputs():
+    def report(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(REPORT), *args], capture_output=True, text=True, timeout=60)
+
+    good = report("apir", "--bench", str(DATA / "llama-bench-virtgpu.txt"))
+    assert good.returncode == 0 and "PASS" in good.stdout
+    vulkan = report("apir", "--bench", str(DATA / "llama-bench-venus-tcg.txt"))
+    assert vulkan.returncode == 1 and "FAIL" in vulkan.stdout
+    assert report("venus").returncode == 2  # argparse: the saved files are required

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from provision.core import catalog
-from provision.hosts.linux import bundle, bundle_archive, facts
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts
+from provision.hosts.linux.tools import bundle, bundle_archive, host_tools
 from tests.hosts.linux.test_doctor_linux import QEMU_HELP
 
 TREE_MARK = "krun-plan-test-root"

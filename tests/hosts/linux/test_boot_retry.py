@@ -17,7 +17,7 @@ import pytest
 
 from provision.core.errors import VmFailed
 from provision.hosts import RunIO, RunResult
-from provision.hosts.linux import execute, run_dirs, watch
+from provision.hosts.linux.run import execute, run_dirs, watch
 
 BOOTED = "printf 'KRUN-INIT up=1\\nKRUN-EXIT=7\\n' > console.log; sleep 600"
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
+from provision.adapters import elf
 from provision.core.errors import HostToolsMissing, InvalidValue
-from provision.hosts.linux import bundle, bundle_archive, elf
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.tools import bundle, bundle_archive, host_tools
 
 SH = Path("/bin/sh")
 

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import bundle, bundle_archive
-from provision.hosts.linux import facts as linux
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts as linux
+from provision.hosts.linux.tools import bundle, bundle_archive, host_tools
 from tests.helpers import run_provision
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]

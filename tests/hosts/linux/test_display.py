@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from provision.hosts.linux import display
+from provision.hosts.linux.run import display
 
 
 def manifest(root: Path, rel: str, library: str) -> Path:

@@ -15,9 +15,9 @@ from provision import cli
 from provision.adapters import qemu
 from provision.core.diagnostics import Check
 from provision.doctor import checks as doctor
-from provision.hosts.linux import accel
 from provision.hosts.linux import doctor as dl
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import accel
+from provision.hosts.linux.tools import host_tools
 from tests.helpers import run_provision
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux route's checks")
@@ -158,7 +158,7 @@ esac
 
 def _bundle_install(cache: Path) -> Path:
     """An installed `--from` bundle (manifest and all) whose QEMU is a program that answers -device help."""
-    from provision.hosts.linux import bundle_archive
+    from provision.hosts.linux.tools import bundle_archive
 
     top = bundle_archive.default_install_dir()
     files = {

@@ -31,9 +31,9 @@ import pytest
 
 from provision.adapters import procs
 from provision.core import catalog
-from provision.hosts.linux import facts as linux
-from provision.hosts.linux import slots
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts as linux
+from provision.hosts.linux.run import slots
+from provision.hosts.linux.tools import host_tools
 from tests.helpers import catalog_file_with
 
 pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.podman]
@@ -355,7 +355,7 @@ import subprocess
 import sys
 from pathlib import Path
 from provision.adapters import procs
-from provision.hosts.linux import slots
+from provision.hosts.linux.run import slots
 Path(sys.argv[1]).mkdir(parents=True, exist_ok=True)
 slot = slots.try_acquire(1, Path(sys.argv[1]))
 assert slot is not None

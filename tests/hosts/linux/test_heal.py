@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from provision.adapters import partials, podman, procs
-from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.tools import host_tools
 from provision.images import build as images
+from provision.images import disks as vmdisk
 from tests.images.test_image_build import smoke_catalog
 
 
@@ -81,7 +81,7 @@ def test_host_tools_never_uses_a_half_made_tree_and_the_next_make_removes_it(cac
 KILL_DURING = textwrap.dedent(
     """
     import sys
-    from provision.hosts.linux import disks as vmdisk
+    from provision.images import disks as vmdisk
     vmdisk.root_disk(sys.argv[1], sys.argv[2])
     """
 )

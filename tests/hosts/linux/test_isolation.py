@@ -19,9 +19,9 @@ import pytest
 from provision.adapters import procs, qemu
 from provision.adapters.chroot import Chroot
 from provision.core import errors, isolation
-from provision.hosts.linux import doctor_isolation, guest_user
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux import doctor_isolation
 from provision.hosts.linux.doctor_isolation import user_check
+from provision.hosts.linux.tools import guest_user, host_tools
 
 DENY_ALL = ("obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny")
 
@@ -130,7 +130,7 @@ OWNER = textwrap.dedent(
     from pathlib import Path
     from provision.adapters import procs
     from provision.adapters.chroot import Chroot
-    from provision.hosts.linux import isolation
+    from provision.hosts.linux.run import isolation
 
     root, run_dir = Path(sys.argv[1]), Path(sys.argv[2])
     master, slave = os.openpty()
@@ -261,7 +261,7 @@ def test_doctor_reports_sandbox_network_mounts_and_user() -> None:
 @pytest.mark.parametrize(
     ("row", "target", "broken"),
     [
-        ("linux.isolation.sandbox", "provision.hosts.linux.runplan.sandbox_option", lambda gpu: None),
+        ("linux.isolation.sandbox", "provision.hosts.linux.run.runplan.sandbox_option", lambda gpu: None),
         ("linux.isolation.network", "provision.adapters.qemu.network_args",
          lambda spec: ["-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0"]),
         ("linux.isolation.mounts", "provision.adapters.qemu.Drive", functools.partial(qemu.Drive, readonly=False)),

@@ -23,13 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from provision.bench import history
+from provision.bench import history, history_file
 from provision.core import catalog, isolation
-from provision.hosts import history as host_history
-from provision.hosts.linux import facts as linux
-from provision.hosts.linux import perplexity as linux_perplexity
-from provision.hosts.linux import slots
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts as linux
+from provision.hosts.linux.run import perplexity as linux_perplexity
+from provision.hosts.linux.run import slots
+from provision.hosts.linux.tools import host_tools
 from provision.models import store as models
 from tests.helpers import gone, run_provision
 
@@ -124,7 +123,7 @@ def test_bench_gate_holds_and_writes_table_json_png(image: None, model: Path, tm
     if report["host_native"]:
         assert "pp256" in report["remoting_ratio"]
     # The run is in the bench history: one record with what it measured and where.
-    records, _ = host_history.load()
+    records, _ = history_file.load()
     record = history.pick(records, report["history"]["id"])
     assert record.kind == "bench" and record.stack == "llama-linux" and record.route == "venus"
     assert "Venus" in record.device and record.model_sha256 == models.Store().ref("tiny-llama").sha256
@@ -151,7 +150,7 @@ def test_perplexity_on_the_guest_gpu_parses_a_number_and_is_recorded(image: None
     # A random 512-token model on English bytes: far from 1 (perfect), and finite.
     assert 1.0 < data["ppl"] < 1e6 and data["error"] >= 0
     assert data["text_sha256"] == hashlib.sha256(linux_perplexity.default_text().read_bytes()).hexdigest()
-    record = history.pick(host_history.load()[0], data["history"]["id"])
+    record = history.pick(history_file.load()[0], data["history"]["id"])
     assert record.kind == "perplexity" and record.results[0].test == "ppl"
     assert record.results[0].value == pytest.approx(data["ppl"])
     assert "Venus" in record.device, record.device  # from llama-perplexity's own log: it ran on the Venus device

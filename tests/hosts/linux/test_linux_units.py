@@ -16,9 +16,9 @@ from provision.adapters.chroot import Chroot
 from provision.bench import report as bench
 from provision.core import catalog, settings
 from provision.core.errors import BenchGateFailed, GpuSlotTimeout
-from provision.hosts.linux import accel, slots
-from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import runplan as linux
+from provision.hosts.linux.run import accel, slots
+from provision.hosts.linux.run import runplan as linux
+from provision.images import disks as vmdisk
 from tests.helpers import run_provision
 
 PVM_CPUINFO = "processor\t: 0\nflags\t\t: fpu vme de pse tsc msr pae mce cx8 apic sep avx2 bmi2 hypervisor\n"
@@ -162,7 +162,7 @@ def test_third_gpu_slot_waits_until_deadline_then_e022(tmp_path: Path) -> None:
 
 def test_slot_held_by_another_process_counts_and_frees_when_it_dies(tmp_path: Path) -> None:
     code = (
-        "import sys, time; from pathlib import Path; from provision.hosts.linux import slots; "
+        "import sys, time; from pathlib import Path; from provision.hosts.linux.run import slots; "
         f"s = slots.try_acquire(1, Path({str(tmp_path)!r})); print(s.index, flush=True); time.sleep(60)"
     )
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
@@ -265,7 +265,7 @@ def test_host_tools_apir_without_a_reachable_tree_names_the_rev_and_virgl_src(
 
 def test_host_tools_steps_stream_their_output_and_name_a_failure() -> None:
     from provision.core import errors
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.tools import host_tools
 
     seen: list[str] = []
     host_tools._run(["sh", "-c", "echo one; echo two"], seen.append)
@@ -283,11 +283,11 @@ def test_an_apir_run_leaves_no_apir_environment_for_the_next_venus_run(
     import dataclasses
 
     from provision.hosts import RunRequest
-    from provision.hosts.linux import apir_host
-    from provision.hosts.linux import facts as linux_facts
-    from provision.hosts.linux import tools as host_tools
+    from provision.hosts.linux.apir import host_side
+    from provision.hosts.linux.run import facts as linux_facts
+    from provision.hosts.linux.tools import host_tools
 
-    (tmp_path / apir_host.STAMP).write_text("{}")
+    (tmp_path / host_side.STAMP).write_text("{}")
     tools = host_tools.HostTools(tmp_path, "cache")
     monkeypatch.setattr(linux_facts, "_tools", lambda _stack, _gpu: tools)
     cat = catalog.load()

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from provision.core import catalog
-from provision.hosts.linux import facts
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import facts
+from provision.hosts.linux.tools import host_tools
 from tests.helpers import run_provision
 from tests.hosts.linux.stand_in import STAND_IN, TREE_MARK, install_bundle
 
@@ -137,7 +137,7 @@ def test_a_root_run_in_a_chroot_receives_the_planned_user_root_and_whole_environ
     """The tools are a chroot tree and provision is root: the plan drops to krun-guest, and QEMU gets
     exactly the plan's environment (env -i), its root and working directory."""
     from provision.hosts import RunIO, RunRequest, get
-    from provision.hosts.linux import disks
+    from provision.images import disks
 
     assert os.geteuid() == 0, "entering a chroot needs root (the CI main job runs under sudo)"
     tree = tmp_path / "tree"
@@ -223,7 +223,7 @@ def test_a_dry_run_names_the_vm_disk_already_made_for_the_image(tmp_path: Path) 
     names its files (kernel and initrd named by their version) instead of a made-at-run-time path."""
     import hashlib
 
-    from provision.hosts.linux import disks
+    from provision.images import disks
 
     init = hashlib.sha256(disks.init_script()).hexdigest()[:12]
     for key, ref in ((f"aaaa-{init}", "localhost/krun-gpu/cpu:1"), (f"bbbb-{init}", "localhost/krun-gpu/cpu:2"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provision.hosts.linux import run_dirs
+from provision.hosts.linux.run import run_dirs
 
 
 def make_run(base: Path, name: str, age_s: float, finished: bool) -> Path:

@@ -11,9 +11,9 @@ import pytest
 from provision.adapters import qemu
 from provision.core import catalog, isolation
 from provision.hosts import RunRequest
-from provision.hosts.linux import runplan
-from provision.hosts.linux import tools as host_tools
-from provision.hosts.linux.disks import RootDisk
+from provision.hosts.linux.run import runplan
+from provision.hosts.linux.tools import host_tools
+from provision.images.disks import RootDisk
 from tests.helpers import run_provision
 from tests.hosts.linux.test_doctor_linux import _bundle_install
 

@@ -1,4 +1,4 @@
-"""The run's watch loop (hosts/linux/watch.py) over real growing files and a real process."""
+"""The run's watch loop (hosts/linux/run/watch.py) over real growing files and a real process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from provision.core.errors import GuestAborted, RunTimeout
-from provision.hosts.linux import logs, watch
+from provision.hosts.linux.run import logs, watch
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provision.adapters import runner
-from provision.hosts.linux import watchdog
+from provision.hosts.linux.run import render_workers
 
 
 @dataclass
@@ -25,8 +25,8 @@ class Companions:
     def poll(self) -> str | None:
         """What died (a sentence), or None while every companion lives."""
         if self.render_server is None:
-            for pid, name in watchdog.descendants(self.qemu_pid).items():
-                if watchdog.RENDER_SERVER.match(name) and runner.parent(pid) == self.qemu_pid:
+            for pid, name in render_workers.descendants(self.qemu_pid).items():
+                if render_workers.RENDER_SERVER.match(name) and runner.parent(pid) == self.qemu_pid:
                     self.render_server = runner.adopt(pid, self.run_dir, "render-server")
                     break
         elif not self.render_server.alive():

@@ -28,7 +28,7 @@ from provision.core import pins as pins_mod
 from provision.core.diagnostics import Check
 from provision.core.errors import ApirBackendRefused, HostToolsMissing
 from provision.core.log import say
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.tools import host_tools
 from provision.images import sources
 
 STAMP = ".provision-apir.json"

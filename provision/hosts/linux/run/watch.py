@@ -5,7 +5,7 @@ file): the guest's stdout and stderr are copied to the caller's streams, the con
 searched for ``KRUN-EXIT=<n>``, and, where the route is watched (APIR), each new line of
 QEMU's log and of the guest's stderr is classified on its own (a host GGML abort reaches
 QEMU's log, a guest-side one its stderr) and the render workers are polled
-(watchdog.WorkerWatch). The run also ends at once when a companion (the render server,
+(render_workers.WorkerWatch). The run also ends at once when a companion (the render server,
 companions.py) exits, when another thread cancels it, at the deadline, or when the guest's init has
 not said ``KRUN-INIT`` within BOOT_S (a guest that never booted is InitNeverStarted, not a long silence).
 """
@@ -21,15 +21,16 @@ from typing import BinaryIO
 
 from provision.adapters import runner
 from provision.core.errors import RunCancelled, RunTimeout, VmFailed
-from provision.hosts.linux import companions, logs, watchdog
+from provision.hosts.linux.run import companions, logs, render_workers
 
 # The guest's init ends the line; once QEMU is gone, what the console holds is all there is.
 EXIT_LINE = re.compile(rb"KRUN-EXIT=(\d+)\r?\n")
 EXIT_MARKER = re.compile(rb"KRUN-EXIT=(\d+)")
 # The guest's init says so first thing (data/guest/init); the kernel is quiet before it.
 INIT_LINE = re.compile(rb"KRUN-INIT ")
-# From QEMU's start to that line: ~10 s under TCG on 2 loaded cores here. A guest silent this long
-# never got to its init (once seen: QEMU spinning, nothing on the console, for 19 minutes).
+# A guest reaches its init within seconds even under TCG on a loaded host, while a QEMU that hangs
+# before the kernel's first line stays silent for good: a guest silent this long never gets to its
+# init, so it is stopped (and booted once more, execute.py) rather than left to its deadline.
 BOOT_S = 300.0
 POLL_S = 0.2
 
@@ -48,9 +49,9 @@ class InitNeverStarted(Exception):
         self.seconds = seconds
 
 
-def _fatal(lines: list[str]) -> watchdog.Death | None:
+def _fatal(lines: list[str]) -> render_workers.Death | None:
     for line in lines:
-        death = watchdog.classify(line)
+        death = render_workers.classify(line)
         if death is not None:
             return death
     return None
@@ -73,7 +74,7 @@ def watch(
     stdout, stderr = logs.Tail(run_dir / "stdout.log", out), logs.Tail(run_dir / "stderr.log", err)
     console = logs.Marker(run_dir / "console.log")
     qemu_log = logs.Lines(run_dir / "qemu.log")
-    workers = watchdog.WorkerWatch(proc.pid) if watch_workers else None
+    workers = render_workers.WorkerWatch(proc.pid) if watch_workers else None
     try:
         boot = (logs.Marker(run_dir / "console.log"), time.monotonic() + boot_s, boot_s)
         return _loop(proc, run_dir, deadline, stdout, stderr, console, qemu_log, workers, beside, cancel, boot)
@@ -95,7 +96,7 @@ def _loop(
     stderr: logs.Tail,
     console: logs.Marker,
     qemu_log: logs.Lines,
-    workers: watchdog.WorkerWatch | None,
+    workers: render_workers.WorkerWatch | None,
     beside: companions.Companions | None,
     cancel: threading.Event | None,
     boot: tuple[logs.Marker, float, float] | None,

@@ -1,4 +1,4 @@
-"""An append-only JSON Lines file (the bench history): one record a line, appended whole.
+"""An append-only JSON Lines file (the bench history's): one record a line, appended whole.
 
 Each record is one ``write(2)`` of one line on a descriptor opened with ``O_APPEND``, under an
 exclusive ``flock``: two provision processes appending at once never interleave their bytes, and

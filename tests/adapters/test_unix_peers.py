@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from provision.hosts.linux import unix_peers
+from provision.adapters import unix_peers
 
 
 def test_a_socket_pair_is_paired_both_ways_and_seen_in_our_fds() -> None:

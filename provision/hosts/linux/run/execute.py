@@ -25,8 +25,8 @@ from provision.adapters import runner
 from provision.core.errors import VmFailed
 from provision.core.log import say as progress
 from provision.hosts import RunIO, RunRequest, RunResult
-from provision.hosts.linux import companions, facts, isolation, run_dirs, runplan, slots, watch
-from provision.hosts.linux import disks as vmdisk
+from provision.hosts.linux.run import companions, facts, isolation, run_dirs, runplan, slots, watch
+from provision.images import disks as vmdisk
 
 PLAN_FILE = "plan.json"  # the plan a run carried out, beside its logs
 _progress = progress("run")

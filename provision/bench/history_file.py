@@ -1,9 +1,9 @@
 """The bench history on this machine: a JSON Lines file in the cache, one record per run.
 
 Where it lives (``<cache>/bench/history.jsonl``, so ``PROVISION_CACHE`` moves it too), what a
-record says about this host and the model, and the append/read through the JSONL adapter
-(one locked ``O_APPEND`` write per record). Shared by `provision bench` and `provision perplexity`.
-May import core, the bench domain and adapters.
+record says about this host and the model, and the append/read through the append-only JSONL
+file (jsonl.py: one locked ``O_APPEND`` write per record). Shared by `provision bench` and
+`provision perplexity`; the records themselves are history.py's, `bench list`/`compare` the CLI's.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from provision.adapters import jsonl
-from provision.bench import history, perplexity
+from provision.bench import history, jsonl, perplexity
 from provision.core import paths
 from provision.core.catalog import Stack
 from provision.core.paths import cache_dir

@@ -11,13 +11,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from provision.bench import perplexity
+from provision.bench import history_file, perplexity
 from provision.core import pins as pins_mod
 from provision.core.errors import InvalidValue, VmFailed
 from provision.hosts import PerplexityRequest, RunRequest
-from provision.hosts import history as host_history
-from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import execute
+from provision.hosts.linux.run import execute
+from provision.images import disks as vmdisk
 
 MAX_TEXT_BYTES = 256 << 20
 
@@ -60,9 +59,9 @@ def measure(req: PerplexityRequest) -> dict[str, Any]:
         raise VmFailed(f"{perplexity.TOOL} in the {stack.name} guest exited {res.exit_status}: "
                        f"{(out + err).strip()[-800:]}", fix=f"see {res.run_dir}")  # fmt: skip
     estimate = perplexity.parse(out + err)
-    extra = {"text": str(text_path), "text_sha256": host_history.file_sha256(text_path), "ctx": ctx,
+    extra = {"text": str(text_path), "text_sha256": history_file.file_sha256(text_path), "ctx": ctx,
              "chunks": chunks, "accel": res.accel, "guest_wall_s": round(res.wall_s, 1)}  # fmt: skip
-    record = host_history.record_perplexity(stack, gpu, model, label, (estimate.ppl, estimate.error), out + err, extra)
+    record = history_file.record_perplexity(stack, gpu, model, label, (estimate.ppl, estimate.error), out + err, extra)
     return {"stack": stack.name, "gpu": gpu, "where": perplexity.where(stack, gpu), "model": label,
             "ppl": estimate.ppl, "error": estimate.error, **extra, "run_dir": str(res.run_dir),
-            "history": {"id": record.id, "file": str(host_history.path())}}  # fmt: skip
+            "history": {"id": record.id, "file": str(history_file.path())}}  # fmt: skip

@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 from provision.core.errors import ProvisionError, VmFailed
 from provision.hosts import Forward, RunIO, RunRequest
-from provision.hosts.linux.shell import terminate
+from provision.hosts.linux.run.shell import terminate
 from provision.hosts.requests import LONGEST_RUN_S
 from provision.serve.engine import GUEST_PORT, ServeRequest, guest_files
 
@@ -56,7 +56,7 @@ class LinuxGuest:
         self._thread.start()
 
     def _run(self) -> None:
-        from provision.hosts.linux import execute
+        from provision.hosts.linux.run import execute
 
         try:
             self._status = execute.run(self.run_req, self.io).exit_status

@@ -19,9 +19,9 @@ from provision.core.catalog import Stack
 from provision.core.errors import VmFailed
 from provision.core.isolation import DEFAULT_TIMEOUT_S, sandbox_option
 from provision.hosts import RunRequest
-from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux.guest_user import GuestUser
-from provision.hosts.linux.tools import HostTools
+from provision.hosts.linux.tools.guest_user import GuestUser
+from provision.hosts.linux.tools.host_tools import HostTools
+from provision.images import disks as vmdisk
 
 # Where the run's files appear inside the host-tools chroot.
 IN_CHROOT = {"run": "/mnt/krun/run", "vm": "/mnt/krun/vm", "model": "/mnt/krun/model"}

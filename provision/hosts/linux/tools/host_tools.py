@@ -34,15 +34,15 @@ from provision.core.diagnostics import Check
 from provision.core.errors import HostToolsMissing, ToolMissing
 from provision.core.log import say
 from provision.core.paths import cache_dir
-from provision.hosts.linux import bundle_archive as bundle_mod
-from provision.hosts.linux import guest_user
+from provision.hosts.linux.tools import bundle_archive as bundle_mod
+from provision.hosts.linux.tools import guest_user
 
 ENV_VAR = settings_mod.BY_KEY["host_tools"].env
 READY_STAMP = ".provision-host-tools.json"
 # Programs looked up inside the tools tree (relative to its root).
 RENDER_SERVER = "usr/libexec/virgl_render_server"
 VIRGL_LIB_GLOB = "usr/lib/*/libvirglrenderer.so.1*"
-# QEMU's SDL GL display loads it (SDL offscreen over EGL: display.py).
+# QEMU's SDL GL display loads it (SDL offscreen over EGL: run/display.py).
 EGL_LOADER = "usr/lib/x86_64-linux-gnu/libEGL.so.1"
 QEMU = "usr/bin/qemu-system-x86_64"
 

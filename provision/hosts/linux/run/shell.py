@@ -117,7 +117,7 @@ def shell_request(req: RunRequest, terminal: str) -> RunRequest:
 
 def run_shell(req: RunRequest) -> int:
     """The guest's shell on this terminal; returns the shell's exit status."""
-    from provision.hosts.linux import execute
+    from provision.hosts.linux.run import execute
 
     master, slave = os.openpty()
     stdin, stdout = sys.stdin.fileno(), sys.stdout.fileno()

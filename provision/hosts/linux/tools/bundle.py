@@ -9,10 +9,10 @@ most hosts', so every program starts through the carried ``ld-linux-x86-64.so.2
 --library-path`` from a small wrapper script at the path the chroot had it. GPU drivers
 (NVIDIA's Vulkan ICD and EGL vendor library) stay the host's: the carried loaders find them
 through the host's own manifests and ``ld.so.cache``, or the manifests the user names
-(display.py). QEMU's GL display is SDL's offscreen driver over EGL: no X server travels.
+(run/display.py). QEMU's GL display is SDL's offscreen driver over EGL: no X server travels.
 
 `provision host-tools --from OUT.tar.zst` installs it (bundle_archive.py; a ``.tar.xz`` or
-``.tar.gz`` bundle installs with Python alone, where the target has no zstd); `tools.locate()`
+``.tar.gz`` bundle installs with Python alone, where the target has no zstd); `host_tools.locate()`
 then finds it as one more kind of HostTools.
 """
 
@@ -25,15 +25,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from provision.adapters import elf
 from provision.core import pins as pins_mod
 from provision.core.catalog import Stack
 from provision.core.errors import HostToolsMissing
 from provision.core.log import say
-from provision.hosts.linux import elf
-from provision.hosts.linux.bundle_archive import FORMAT, MANIFEST, compression_for, hashes, pack
-from provision.hosts.linux.disks import RootDisk
-from provision.hosts.linux.tools import HostTools
+from provision.hosts.linux.tools.bundle_archive import FORMAT, MANIFEST, compression_for, hashes, pack
+from provision.hosts.linux.tools.host_tools import HostTools
 from provision.images import build as images
+from provision.images.disks import RootDisk
 
 LIB = "usr/lib/x86_64-linux-gnu"
 LOADER = "ld-linux-x86-64.so.2"
@@ -43,9 +43,9 @@ PROGRAMS = {
     "usr/bin/qemu-system-x86_64": "qemu",
     "usr/libexec/virgl_render_server": "render-server",
 }
-# Loaded with dlopen, so no DT_NEEDED names them (measured from /proc/PID/maps of a GPU run
-# in the chroot: QEMU's SDL GL display, virglrenderer through libepoxy, Venus through the
-# Vulkan loader). Globs relative to the chroot root.
+# Loaded with dlopen, so no DT_NEEDED names them and the ELF closure cannot find them: what a
+# GPU run in the chroot maps (/proc/PID/maps: QEMU's SDL GL display, virglrenderer through
+# libepoxy, Venus through the Vulkan loader). Globs relative to the chroot root.
 DLOPENED = (
     f"{LIB}/qemu/hw-display-virtio-gpu.so",
     f"{LIB}/qemu/hw-display-virtio-gpu-gl.so",
@@ -81,7 +81,7 @@ MESA_DRIVERS = (
 VULKAN_ICDS = {"lvp_icd.json": "libvulkan_lvp.so"}
 EGL_VENDORS = {"50_mesa.json": "libEGL_mesa.so.0"}
 GUEST_DIR = "guest"
-# The APIR route's virglrenderer, built in the chroot by `provision host-tools --apir` (apir/host.py).
+# The APIR route's virglrenderer, built in the chroot by `provision host-tools --apir` (hosts/linux/apir/host_side.py).
 APIR_FILES = ("opt/virgl-apir/lib/libvirglrenderer.so.1", "opt/virgl-apir/libexec/virgl_render_server")
 
 

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from provision.adapters import unix_peers
 from provision.core.errors import GuestAborted
-from provision.hosts.linux import unix_peers
 
 # (name, pattern, what it means)
 FATAL_LINES: tuple[tuple[str, re.Pattern[str], str], ...] = (

@@ -4,8 +4,8 @@ virtio-gpu-gl needs an OpenGL context on the host. A DRM render node gives ``-di
 egl-headless``. Without one, ``-display sdl,gl=on`` with ``SDL_VIDEODRIVER=offscreen``: SDL 3's
 offscreen driver makes its context by EGL device enumeration, so it needs no X server, only an
 EGL vendor library behind libglvnd: Mesa's (llvmpipe) in the host-tools chroot and on our
-machines, the GPU vendor's where the host brings its driver (NVIDIA's on the lent H200, whose
-vendor manifest sits under /usr/local/nvidia, where glvnd does not look by itself).
+machines, the GPU vendor's where the host brings its driver (NVIDIA's in GPU containers, whose vendor
+manifest sits under /usr/local/nvidia, where glvnd does not look by itself).
 
 The user names a vendor with glvnd's own variable, ``__EGL_VENDOR_LIBRARY_FILENAMES``; otherwise
 the manifests are looked for in glvnd's directories of the tools tree (the chroot's, or the
@@ -24,7 +24,7 @@ VENDOR_ENV = "__EGL_VENDOR_LIBRARY_FILENAMES"
 VULKAN_ENV = "VK_DRIVER_FILES"
 # glvnd's own search order (a chroot's copy, or the host's).
 GLVND_DIRS = ("etc/glvnd/egl_vendor.d", "usr/share/glvnd/egl_vendor.d")
-# Driver trees glvnd does not search: NVIDIA's container layout (GPU containers, the lent H200).
+# Driver trees glvnd does not search: NVIDIA's container layout (GPU containers).
 DRIVER_LAYOUTS = ("usr/local/nvidia/share/glvnd/egl_vendor.d",)
 VULKAN_LAYOUTS = ("usr/local/nvidia/share/vulkan/icd.d",)
 

@@ -1,7 +1,7 @@
 """A Linux run's privilege drop: who QEMU and the render server run as, and what they may write.
 
 When provision is root and the tools are the host-tools chroot, every program of the run
-enters the chroot as ``krun-guest`` (provision/hosts/linux/guest_user.py) with no_new_privs,
+enters the chroot as ``krun-guest`` (provision/hosts/linux/tools/guest_user.py) with no_new_privs,
 in the supplementary groups of the device nodes QEMU opens (``/dev/kvm``, render nodes).
 QEMU then writes only its three serial logs, which are handed to that user; the run
 directory stays root's. The drop happens in the chroot step, after ``procs.spawn`` made the
@@ -16,8 +16,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from provision.hosts.linux import guest_user
-from provision.hosts.linux.guest_user import GuestUser
+from provision.hosts.linux.tools import guest_user
+from provision.hosts.linux.tools.guest_user import GuestUser
 
 
 def guest_devices(accel: str, gpu: bool, dri: Path = Path("/dev/dri")) -> list[Path]:

@@ -13,11 +13,11 @@ from provision.core import settings as settings_mod
 from provision.core.catalog import Stack
 from provision.core.errors import VmFailed
 from provision.hosts import RunRequest
-from provision.hosts.linux import accel as accel_mod
-from provision.hosts.linux import bundle, isolation, run_dirs, runplan
-from provision.hosts.linux import disks as vmdisk
-from provision.hosts.linux import display as gl_display
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.run import accel as accel_mod
+from provision.hosts.linux.run import display as gl_display
+from provision.hosts.linux.run import isolation, run_dirs, runplan
+from provision.hosts.linux.tools import bundle, host_tools
+from provision.images import disks as vmdisk
 
 AT_RUN_TIME = "(made at run time)"
 
@@ -32,11 +32,11 @@ def gather(
     apir = stack.route == "apir" and gpu
     route_env: dict[str, str] = {}
     if apir:
-        from provision.hosts.linux import apir_host
+        from provision.hosts.linux.apir import host_side
 
         # APIR: QEMU loads our virglrenderer, which loads the host ggml (Venus capset re-routed). Per
         # run, never kept: `provision bench` runs an APIR guest and then a Venus one.
-        route_env = apir_host.require(tools).qemu_env()
+        route_env = host_side.require(tools).qemu_env()
     accel = accel_mod.host_accelerator()
     render_node = has_render_node()
     root = bundle.root_disk_for(tools, stack) or (planned_root_disk(stack) if dry_run else root_disk(stack))
@@ -69,9 +69,9 @@ def _cache(name: str, settings: settings_mod.Settings | None = None) -> Path:
 
 def _tools(stack: Stack, gpu: bool) -> host_tools.HostTools:
     if stack.route == "apir" and gpu:
-        from provision.hosts.linux import apir_host
+        from provision.hosts.linux.apir import host_side
 
-        apir_host.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
+        host_side.require(host_tools.locate())  # E020 naming `host-tools --apir`, before any VM
     return host_tools.require(gpu=gpu)
 
 

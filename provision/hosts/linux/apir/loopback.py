@@ -3,10 +3,10 @@
 checks/apir-loopback/virtgpu-loopback.cpp stands in for the frontend's DRM transport and for
 virglrenderer's APIR component, so the guest frontend (with our patches) and the host
 backend library (libggml-virtgpu-backend + ggml-vulkan, from `provision host-tools --apir`)
-exchange exactly the bytes they exchange through QEMU. Built and run in the host-tools
-chroot, where the host ggml lives; takes about a minute to build on top of it. With
-``--on-host`` (CPU target) it needs neither the chroot nor the virglrenderer tree: it builds
-on this host against the `host` ggml variant, which is how CI covers the op list.
+exchange exactly the bytes they exchange through QEMU. Built and run in the host-tools chroot,
+where the host ggml lives; on the host (``on_host``, CPU target) it needs neither the chroot nor
+the virglrenderer tree and builds against the `host` ggml variant, which is how CI covers the op
+list. `checks/apir-loopback/run-ops` runs the op list either way and prints or writes the results.
 
 A host-side abort ends the test process here (in a VM it ends the render worker): the
 output then stops in the middle of an op's cases, which `apir.ops.parse` reports as not
@@ -15,8 +15,6 @@ finished, and the process's exit status says how it died.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,10 +26,10 @@ from provision.apir import ggml as ggml_build
 from provision.apir import ops as apir_ops
 from provision.apir import route as apir_route
 from provision.core import catalog, layout, paths
-from provision.core.errors import HostToolsMissing, InvalidValue, exit_as_cli
+from provision.core.errors import HostToolsMissing, InvalidValue
 from provision.core.log import say
-from provision.hosts.linux import apir_host
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.apir import host_side
+from provision.hosts.linux.tools import host_tools
 from provision.images import sources
 
 SRC_LLAMA = "/src/llama.cpp"
@@ -76,7 +74,7 @@ class Where:
     loopback: str = SRC_LOOPBACK
     patches: str = SRC_PATCHES
     work: str = WORK
-    lib: str = str(apir_host.GGML_PREFIX / "lib")
+    lib: str = str(host_side.GGML_PREFIX / "lib")
     drm_include: str | None = None
 
     @property
@@ -102,7 +100,7 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
     w, b, lib = q(where.work), q(where.bin), q(where.lib)
     front = f"{w}/src/ggml/src/ggml-virtgpu"
     inc = f"-I{w}/src/ggml/include -I{w}/src/ggml/src"
-    # A host without libdrm-dev (the lent Ubuntu machine) carries xf86drm.h and libdrm/ there too.
+    # A host without libdrm-dev (a GPU machine that is not ours) carries xf86drm.h and libdrm/ there too.
     drm = f"-I{q(where.drm_include)} -I{q(where.drm_include + '/libdrm')} " if where.drm_include else ""
     uses = "-DGGML_USE_CPU" + (" -DGGML_USE_VULKAN" if target == "vulkan" else "")
     links = "-lggml-cpu" + (" -lggml-vulkan" if target == "vulkan" else "")
@@ -200,7 +198,7 @@ class Loopback:
 
 def _in_chroot(target: str) -> Loopback:
     tools = host_tools.locate()
-    lib = apir_host.GGML_PREFIX / "lib"
+    lib = host_side.GGML_PREFIX / "lib"
     needed = [lib / "libggml-base.so", lib / TARGETS[target][0]]
     if tools is None or not tools.is_chroot or not all((tools.root / str(p).lstrip("/")).exists() for p in needed):
         raise HostToolsMissing(
@@ -263,7 +261,7 @@ def markdown(target: str, results: dict[str, object], on_host: bool = False) -> 
         "",
         "Guest frontend (pinned llama.cpp + patches/llama.cpp/*) and host libggml-virtgpu-backend in one process, "
         "joined by checks/apir-loopback/virtgpu-loopback.cpp (no QEMU, no virglrenderer); host ggml target: "
-        f"{TARGETS[target][0]}. Command: `python -m provision.hosts.linux.loopback --target {target}"
+        f"{TARGETS[target][0]}. Command: `checks/apir-loopback/run-ops --target {target}"
         f"{' --on-host' if on_host else ''}`.",
         "",
         f"| op | cases run on {device} | passed | refused (run elsewhere) | exit | ok |",
@@ -275,28 +273,3 @@ def markdown(target: str, results: dict[str, object], on_host: bool = False) -> 
                      f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
-
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="test-backend-ops on the APIR device, without a VM")
-    ap.add_argument("--target", choices=sorted(TARGETS), default="vulkan")
-    ap.add_argument("--op", action="append", help="only these ops (default: the llama op list)")
-    ap.add_argument("--json", type=Path, help="write the results here too")
-    ap.add_argument("--md", type=Path, help="write a markdown report here (bench/results/)")
-    ap.add_argument("--no-build", action="store_true", help="reuse the last loopback build")
-    ap.add_argument("--on-host", action="store_true",
-                    help="build and run on this host against the `host` ggml build (CPU target; what CI runs)")
-    args = ap.parse_args(argv)
-    lb = make(args.target, build=not args.no_build, on_host=args.on_host)
-    ops = [apir_ops.by_name()[o] for o in args.op] if args.op else list(apir_ops.LLAMA_OPS)
-    results = run_ops(lb, TARGETS[args.target][2], ops)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
-    if args.md:
-        args.md.write_text(markdown(args.target, results, args.on_host))
-    return 0 if all(r["ok"] for r in results.values()) else 1  # type: ignore[index]
-
-
-if __name__ == "__main__":
-    exit_as_cli(main)

@@ -1,10 +1,10 @@
 """The APIR loopback outside the host-tools chroot: on a GPU host that has only a compiler and
-the ggml it built (the lent NVIDIA machine runs Ubuntu, not sid, and has no chroot).
+the ggml it built (a host that is not Debian sid has no chroot to build in).
 
-`apir.loopback.build_script` takes where its inputs and outputs live (`loopback.Where`); here
-they are the host's directories, so both runs compile exactly the same sources with the same
-flags and patches; only where the files live differs. Also: the environment and argv of llama-bench through the
-loopback, and the remoting ratio of two llama-bench JSON reports.
+`loopback.build_script` takes where its inputs and outputs live (`loopback.Where`); here they
+are the host's directories, so both runs compile exactly the same sources with the same flags
+and patches; only where the files live differs. Also: the environment and argv of llama-bench
+through the loopback, and the remoting ratio of two llama-bench JSON reports.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from provision.core.errors import InvalidValue
-from provision.hosts.linux import loopback
+from provision.hosts.linux.apir import loopback
 
 # Paths are spliced into compiler flags (-I/dir, -Wl,-rpath,a:b), where quoting cannot reach
 # them one by one: only plain characters are allowed.

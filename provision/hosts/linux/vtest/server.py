@@ -29,8 +29,8 @@ from provision.apir import virglrenderer as virgl_apir
 from provision.core import layout, locks, paths
 from provision.core import pins as pins_mod
 from provision.core.errors import BuildFailed
-from provision.hosts.linux import apir_host
-from provision.hosts.linux import tools as host_tools
+from provision.hosts.linux.apir import host_side as apir_host
+from provision.hosts.linux.tools import host_tools
 
 PIN = "virglrenderer-vtest"
 PREFIX = PurePosixPath("/opt/virgl-vtest")

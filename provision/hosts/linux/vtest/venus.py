@@ -26,7 +26,8 @@ from pathlib import Path, PurePosixPath
 
 from provision.adapters.chroot import Chroot
 from provision.core.errors import GpuNotSupported, HostToolsMissing
-from provision.hosts.linux import bundle, vtest_server
+from provision.hosts.linux.tools import bundle
+from provision.hosts.linux.vtest import server as vtest_server
 
 SERVER = "usr/bin/virgl_test_server"
 RENDER_SERVER = "usr/libexec/virgl_render_server"

@@ -1,6 +1,6 @@
 """A minimal guest disk per route, small enough to carry: the stack's VM disk cut to what runs.
 
-The full VM disk (disks.py) is the image's whole root (a Debian install: apt, perl, every Mesa
+The full VM disk (provision/images/disks.py) is the image's whole root (a Debian install: apt, perl, every Mesa
 Vulkan driver with LLVM behind lavapipe) and initramfs-tools' initrd (40 MB, udev and all). A
 GPU machine reached by copying files wants neither. This keeps, of the same pinned image:
 - the root's programs (bin, sbin, libexec: llama-bench, test-backend-ops, the init's tools) and
@@ -26,10 +26,10 @@ import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
-from provision.adapters import runner
+from provision.adapters import elf, runner
 from provision.core.errors import ImageBuildFailed
-from provision.hosts.linux import bundle, elf
-from provision.hosts.linux.disks import RootDisk, _mkfs
+from provision.hosts.linux.tools import bundle
+from provision.images.disks import RootDisk, _mkfs
 
 LIB = bundle.LIB
 # The Vulkan driver a Venus guest uses; every other ICD (and lavapipe's LLVM) leaves.
@@ -128,7 +128,7 @@ def prune(root: Path, programs: frozenset[str] = KEEP_PROGRAMS) -> dict[str, int
         if p.is_symlink() or not p.is_file():
             continue
         # glibc's own libraries stay: a driver loaded from outside the root (a host's GPU driver run
-        # against this root, as on the lent H200) may name libdl or libpthread though nothing here does.
+        # against this root) may name libdl or libpthread though nothing here does.
         if GLIBC_LIB.match(p.name) or p.resolve() in needed or not elf.is_elf(p):
             kept += 1
         else:
