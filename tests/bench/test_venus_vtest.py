@@ -8,15 +8,18 @@ correctness only, the same greedy text natively and through Venus.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from provision.core import pins as pins_mod
 from provision.core.errors import GpuNotSupported
 from provision.hosts.linux import vtest, vtest_server
 
@@ -80,6 +83,17 @@ def test_each_client_sees_one_driver_and_the_server_its_render_server(tmp_path: 
     assert vtest.server_args(place)[:3] == ["--venus", "--no-virgl", "--multi-clients"]
     argv, _ = place.command(vtest.SERVER, ["--venus"], server)
     assert "/" + vtest_server.INSTALLED[vtest.SERVER] in argv and f"LD_LIBRARY_PATH=/{vtest_server.LIB}" in argv
+
+
+def test_the_server_is_built_with_every_patch_its_pin_lists_and_rebuilt_when_one_changes() -> None:
+    pins = pins_mod.default()
+    pin = pins.require(vtest_server.PIN, purpose="the vtest server")
+    applied = vtest_server.patches(pin)
+    assert [p.name for p in applied] == ["vtest-pass-opaque-blob-fd.patch", "venus-shm-backed-mappable-memory.patch"]
+    stamp = vtest_server.wanted(pins, pin)
+    assert stamp["patches"] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in applied]
+    fewer = replace(pin, attrs={**pin.attrs, "patches": pin["patches"][:1]})
+    assert vtest_server.wanted(pins, fewer) != stamp  # a server built without the shm patch is not reused
 
 
 def test_per_token_is_the_difference_of_the_two_runs() -> None:
