@@ -7,7 +7,7 @@ file to the nixpkgs commit it was read from. Every fact carries tree, rev, file 
   .venv/bin/python checks/upstream-facts \\
       --libkrun CLONE[@REV] --krunkit CLONE[@REV] \\
       --virglrenderer-apir CLONE --virglrenderer-apir-darwin CLONE --virglrenderer-apir-macos CLONE \\
-      --virglrenderer-venus CLONE@REV --nixpkgs FOLDER [--check]
+      --virglrenderer-venus CLONE@REV --virglrenderer-vtest CLONE --nixpkgs FOLDER [--check]
 
 A tree is read at the rev (or tag) that provision/data/pins.json pins. When the clone lacks it,
 @REV names what to read instead and the fact says so ("pin_in_clone": false). The patches a pin
@@ -47,6 +47,8 @@ OUT = REPO / "nix" / "facts" / "upstream.json"
 STUB_ARGS = REPO / "nix" / "tests" / "stub-nixpkgs" / "facts.json"
 
 VIRGL_TREES = ("virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-apir-macos", "virglrenderer-venus")
+# Trees read only for the patches their pin lists (no build of ours reads their other facts).
+PATCHED_TREES = ("virglrenderer-vtest",)
 
 
 # Where each top-level section comes from; the same text whichever way the file is made.
@@ -80,6 +82,11 @@ def collect(opener: Opener, pins: dict[str, Any], read: dict[str, Any] | None, n
         facts["virglrenderer"][name] = virgl_facts(tree, info)
         fixes = [f["commit"] for f in sources[name].get("linux_fixes", []) if f.get("applied_by_patch")]
         kept = read_section(read, "patches", name, "fixes") if read is not None else None
+        facts["patches"][name] = patch_facts(tree, sources[name].get("patches", []), fixes, kept)
+    for name in PATCHED_TREES:
+        tree, _ = opener(name)
+        fixes = [f["commit"] for f in sources[name].get("linux_fixes", []) if f.get("applied_by_patch")]
+        kept = read_section(read, "patches", name, "fixes") if read is not None and fixes else None
         facts["patches"][name] = patch_facts(tree, sources[name].get("patches", []), fixes, kept)
     tree, info = opener("libkrun")
     facts["libkrun"] = libkrun_facts(tree, info)
@@ -133,7 +140,7 @@ def write_whole(path: Path, text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="checks/upstream-facts", description=__doc__.split("\n\n")[0])
-    for name in ("libkrun", "krunkit", *VIRGL_TREES):
+    for name in ("libkrun", "krunkit", *VIRGL_TREES, *PATCHED_TREES):
         parser.add_argument(f"--{name}", metavar="CLONE[@REV]")
     parser.add_argument("--nixpkgs", metavar="FOLDER")
     parser.add_argument("--upstream", type=Path, metavar="DIR", help="the pinned tarballs (../shared/upstream)")
@@ -142,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stub-out", type=Path, default=STUB_ARGS)
     parser.add_argument("--check", action="store_true", help="compare with the files instead of writing them")
     args = parser.parse_args(argv)
-    given = [n for n in ("libkrun", "krunkit", *VIRGL_TREES, "nixpkgs") if getattr(args, n.replace("-", "_"))]
-    if args.upstream is None and len(given) < 2 + len(VIRGL_TREES) + 1:
+    trees = ("libkrun", "krunkit", *VIRGL_TREES, *PATCHED_TREES)
+    given = [n for n in (*trees, "nixpkgs") if getattr(args, n.replace("-", "_"))]
+    if args.upstream is None and len(given) < len(trees) + 1:
         parser.error("pass --upstream DIR, or every tree: --libkrun --krunkit --virglrenderer-* --nixpkgs")
     if args.upstream is not None and given:
         parser.error(f"--upstream reads every tree from DIR; drop --{given[0]}")

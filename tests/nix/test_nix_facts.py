@@ -32,6 +32,7 @@ from .nix_facts import (
 from .nix_helpers import DARWIN, LINUX, STUB, Nix, copy_flake
 
 VIRGL_TREES = ("virglrenderer-apir", "virglrenderer-apir-darwin", "virglrenderer-apir-macos", "virglrenderer-venus")
+PATCHED_TREES = ("virglrenderer-vtest",)  # read only for the patches their pin lists
 
 HOST = {DARWIN: "darwin", LINUX: "linux"}
 RUST_OS = {DARWIN: "macos", LINUX: "linux"}
@@ -102,7 +103,7 @@ def test_every_patch_a_pin_lists_applies_to_its_pinned_tree() -> None:
             entry = next(p for p in facts()["patches"][name]["patches"] if p["patch"] == rel)
             assert entry["applies"] and entry["rev"] == pin["rev"], rel
             assert entry["sha256"] == sha256(REPO / rel), f"{rel} changed since checks/upstream-facts ran"
-    assert listed == 9  # the loop saw every listed patch: 2 Linux, 1 CamouflageNetworks, 6 darwin
+    assert listed == 11  # the loop saw every listed patch: 2 Linux, 1 CamouflageNetworks, 6 darwin, 2 vtest
 
 
 # --- item 3: CI checks against the facts -----------------------------------------------------
@@ -333,7 +334,7 @@ def test_krunkit_is_ours_and_evaluates_whatever_shape_nixpkgs_krunkit_has(nix: N
 def test_upstream_facts_refuses_a_folder_that_is_not_a_clone(tmp_path: Path) -> None:
     script = REPO / "checks" / "upstream-facts"
     args = [str(script)]
-    for name in ("libkrun", "krunkit", *VIRGL_TREES):
+    for name in ("libkrun", "krunkit", *VIRGL_TREES, *PATCHED_TREES):
         args += [f"--{name}", str(tmp_path)]
     args += ["--nixpkgs", str(tmp_path), "--out", str(tmp_path / "o.json"), "--stub-out", str(tmp_path / "s.json")]
     proc = subprocess.run(["python3", *args], capture_output=True, text=True, timeout=60)
@@ -349,7 +350,7 @@ def test_upstream_facts_refuses_a_clone_without_the_pin_unless_told_what_to_read
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
     args = ["python3", str(REPO / "checks" / "upstream-facts")]
-    for name in ("libkrun", "krunkit", *VIRGL_TREES):
+    for name in ("libkrun", "krunkit", *VIRGL_TREES, *PATCHED_TREES):
         args += [f"--{name}", str(clone)]
     args += ["--nixpkgs", str(tmp_path), "--out", str(tmp_path / "o.json"), "--stub-out", str(tmp_path / "s.json")]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=60)

@@ -1,4 +1,4 @@
-"""The vtest server Venus-over-vtest needs: virglrenderer built with our vtest patch.
+"""The vtest server Venus-over-vtest needs: virglrenderer built with our patches (pins ``patches``).
 
 Stock vtest (Debian's virgl-server 1.3.0, and every tree in reach) refuses a blob whose
 export gives an opaque fd: lavapipe has no dma-buf export without udmabuf, and NVIDIA's
@@ -6,6 +6,13 @@ driver exports its device-local memory as opaque fds. The command then fails and
 client waits for an answer forever (seen on lavapipe here and on the lent H200, 2026-12-03).
 `patches/virglrenderer/vtest-pass-opaque-blob-fd.patch` passes such fds on; the client maps
 only what it asked to be mappable.
+
+A vtest client maps a blob's fd at offset 0, which an opaque fd does not allow: lavapipe's
+holds a private header before the memory (the client read other bytes than the GPU wrote,
+and decoded `#` tokens), NVIDIA's cannot be mapped at all.
+`patches/virglrenderer/venus-shm-backed-mappable-memory.patch` makes vkr back mappable
+memory with shm it owns, imported by the driver as a host pointer (VK_EXT_external_memory_host),
+and export it as an SHM blob, when the driver has no dma-buf export.
 
 Built from pins ``virglrenderer-vtest`` (virglrenderer main of the 1.3.0 series, the
 version sid's virgl-server packages; its NAR hash checked by apir/virglrenderer.py's
@@ -34,7 +41,6 @@ from provision.hosts.linux.tools import host_tools
 
 PIN = "virglrenderer-vtest"
 PREFIX = PurePosixPath("/opt/virgl-vtest")
-PATCH = "virglrenderer/vtest-pass-opaque-blob-fd.patch"
 STAMP = ".provision-virgl-vtest.json"
 SRC, BUILD = "/src/virgl-vtest", "/build/virgl-vtest"
 # Chroot paths of what the build installs, by the path sid's package has them at.
@@ -57,10 +63,15 @@ def build_script(pin: pins_mod.SourcePin, jobs: int = 2) -> str:
     ])
 
 
+def patches(pin: pins_mod.SourcePin) -> list[Path]:
+    """The pin's patches (paths from the checkout's root, as pins.json lists them), in order."""
+    return [layout.data_root() / rel for rel in pin.get("patches", [])]
+
+
 def wanted(pins: pins_mod.Pins, pin: pins_mod.SourcePin) -> dict[str, object]:
-    patch = layout.patches_dir() / PATCH
     return {"virgl": pin["rev"], "fixes": [f.commit for f in virgl_apir.fixes(pin)],
-            "patch": hashlib.sha256(patch.read_bytes()).hexdigest(), "packages": apir_host.build_packages(pins)}
+            "patches": [hashlib.sha256(p.read_bytes()).hexdigest() for p in patches(pin)],
+            "packages": apir_host.build_packages(pins)}
 
 
 def built(root: Path, pins: pins_mod.Pins | None = None) -> bool:
@@ -85,9 +96,10 @@ def make(tarball: Path, *, jobs: int = 2, log: Callable[[str], None] = print) ->
         src = paths.cache_dir("virgl-vtest") / "src"
         shutil.rmtree(src, ignore_errors=True)
         shutil.copytree(tree, src, symlinks=True)
-        runner.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i", str(layout.patches_dir() / PATCH)],
-                   error=BuildFailed, what=f"{PATCH} on virglrenderer {pin['rev'][:12]}",
-                   fix="refresh the patch against the pinned tree", missing_fix="install patch")
+        for patch in patches(pin):
+            runner.run(["patch", "-p1", "--forward", "--batch", "-d", str(src), "-i", str(patch)],
+                       error=BuildFailed, what=f"{patch.name} on virglrenderer {pin['rev'][:12]}",
+                       fix="refresh the patch against the pinned tree", missing_fix="install patch")
         env = {"DEBIAN_FRONTEND": "noninteractive"}
         ch = Chroot(tools.root)
         host_tools._run(ch.argv(["apt-get", "install", "-y", "-q", *apir_host.build_packages(pins)], env), log)
