@@ -136,7 +136,7 @@ class Place:
 
     def command(self, program: str, args: Sequence[str], env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
         """(argv, environment) that start ``program`` (a tree path such as ``LLAMA_BENCH``) here; in the
-        chroot the vtest server is our patched build (vtest_server.py), with its own library."""
+        chroot the vtest server is our patched build (vtest/server.py), with its own library."""
         if self.chroot:
             ch = Chroot(self.root, {self.work: "/vtest", self.model_dir: "/models"})
             real = vtest_server.INSTALLED.get(program, program)
