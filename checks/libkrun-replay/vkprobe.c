@@ -4,8 +4,9 @@
  * Run with Mesa's venus driver over vtest (VN_DEBUG=vtest, the virtio ICD) against the darwin
  * tree's virgl_test_server --venus-in-process (darwin/0006), so vkr runs in the server's own
  * process as it runs in krunkit's. Lists the physical devices and creates a device with one queue
- * on the first: the instance, device and queue commands all go through the in-process context.
- * Exit 0 only when a device is listed and created.
+ * on the first, then destroys both: the instance, device and queue commands (and the instance's
+ * ring teardown, which waits on a CPU-timeline fence) all go through the in-process context.
+ * Exit 0 only when a device is listed, created and destroyed with its instance.
  *
  * Host-visible memory is not probed here: vtest hands a mapping to another process as an fd, and a
  * driver's exported fd is not what krunkit maps (it maps the pointer darwin/0002 exports); the
@@ -72,5 +73,6 @@ main(void)
 
    vkDestroyDevice(device, NULL);
    vkDestroyInstance(instance, NULL);
+   printf("device and instance destroyed\n");
    return 0;
 }

@@ -2,11 +2,13 @@
 --venus-in-process from darwin/0006): sid's venus ICD from the host-tools chroot talks over vtest
 to the darwin tree's server, which runs vkr in its own process on lavapipe, as krunkit runs it.
 
-What this shows: a real Venus client lists the device and creates a device and queue through an
-in-process context. What it does not: host-visible memory (vtest hands a mapping to its client as an
-fd; krunkit maps the pointer darwin/0002 exports, which the replay harness checks), and the client's
-vkDestroyInstance, which waits on the ring for ever after the server has run the destroy (found by
-this probe, open: docs/nix.md). So the probe is stopped once it has said what it did.
+What this shows: a real Venus client lists the device, creates a device and queue, and destroys
+them and its instance through an in-process context, exiting by itself. The instance's teardown
+waits on a CPU-timeline (ring 0) fence that vkr retires inside virgl_renderer_context_create_fence
+when it runs in process, and vtest signals only submits already on its timeline: darwin/0006 puts
+the submit there before asking for the fence, without which the probe waits for ever (docs/nix.md).
+What it does not show: host-visible memory (vtest hands a mapping to its client as an fd; krunkit
+maps the pointer darwin/0002 exports, which the replay harness checks).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -31,6 +34,8 @@ from tests.replay.test_libkrun_replay import cache, lavapipe  # noqa: E402
 
 PROBE = REPO / "checks" / "libkrun-replay" / "vkprobe.c"
 VENUS_ICD = "/usr/share/vulkan/icd.d/virtio_icd.json"
+# The probe exits in well under a second once vtest signals its fences; a hang ends here.
+PROBE_DEADLINE_S = 60
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 
@@ -63,10 +68,16 @@ def probe_in(scratch: Path) -> Path:
     return out
 
 
-def serve_and_probe(server: Path, flag: str, chroot_root: Path, scratch: Path) -> tuple[str, str, int | None]:
-    """The server with ``flag`` on lavapipe, the probe over its socket; the probe's output up to its last line
-    (it is stopped 20 s after starting or once it says the queue is idle), the server's log, the server's
-    exit status if it ended by itself."""
+class Served(NamedTuple):
+    said: str  # the probe's output
+    log: str  # the server's
+    probe_rc: int | None  # None: the probe was still running at its deadline and was stopped
+    server_rc: int | None  # set only when the server ended by itself
+
+
+def serve_and_probe(server: Path, flag: str, chroot_root: Path, scratch: Path) -> Served:
+    """The server with ``flag`` on lavapipe, the probe over its socket, given PROBE_DEADLINE_S to
+    exit by itself."""
     sock = scratch / "vtest.sock"
     env = {**os.environ, **lavapipe()}
     log = scratch / "server.log"
@@ -78,44 +89,44 @@ def serve_and_probe(server: Path, flag: str, chroot_root: Path, scratch: Path) -
         while not sock.exists() and srv.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         if srv.poll() is not None:
-            return "", log.read_text(errors="replace"), srv.returncode
+            return Served("", log.read_text(errors="replace"), None, srv.returncode)
         inside = "/" + str(scratch.relative_to(chroot_root))
         client_env = ["env", "-i", "PATH=/usr/bin:/bin", "VN_DEBUG=vtest", f"VTEST_SOCKET_NAME={inside}/vtest.sock",
                       f"VK_DRIVER_FILES={VENUS_ICD}", f"VK_ICD_FILENAMES={VENUS_ICD}"]  # fmt: skip
-        client = subprocess.Popen(["chroot", str(chroot_root), *client_env, f"{inside}/{probe_in(scratch).name}"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
-        assert client.stdout is not None
-        os.set_blocking(client.stdout.fileno(), False)
-        said = b""
-        deadline = time.monotonic() + 20
-        while client.poll() is None and b"queue idle" not in said and time.monotonic() < deadline:
-            said += client.stdout.read() or b""
-            time.sleep(0.1)
-        client.kill()
-        client.wait(timeout=10)
-        said += client.stdout.read() or b""
-        return said.decode(errors="replace"), log.read_text(errors="replace"), None
+        probe = probe_in(scratch)
+        try:
+            client = subprocess.run(["chroot", str(chroot_root), *client_env, f"{inside}/{probe.name}"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    timeout=PROBE_DEADLINE_S)  # fmt: skip
+        except subprocess.TimeoutExpired as stopped:
+            said = stopped.stdout or b""
+            return Served(said.decode(errors="replace"), log.read_text(errors="replace"), None, None)
+        return Served(client.stdout.decode(errors="replace"), log.read_text(errors="replace"), client.returncode,
+                      None)  # fmt: skip
     finally:
         srv.kill()
         srv.wait(timeout=10)
 
 
-def test_mesas_venus_driver_lists_and_creates_the_device_through_an_in_process_context(
+def test_mesas_venus_driver_lists_creates_and_destroys_the_device_through_an_in_process_context(
     chroot_root: Path, scratch: Path
 ) -> None:
     patched = build.build(build.Variant(), cache())
-    said, log, ended = serve_and_probe(patched.root / "build" / "vtest" / "virgl_test_server",
-                                       "--venus-in-process", chroot_root, scratch)  # fmt: skip
-    assert ended is None, log
-    assert "device 0: Virtio-GPU Venus (llvmpipe" in said, (said, log)
-    assert "device created, queue idle" in said, (said, log)
+    run = serve_and_probe(patched.root / "build" / "vtest" / "virgl_test_server", "--venus-in-process",
+                          chroot_root, scratch)  # fmt: skip
+    assert run.server_rc is None, run.log
+    assert "device 0: Virtio-GPU Venus (llvmpipe" in run.said, run
+    assert "device created, queue idle" in run.said, run
+    # the teardown too: vkDestroyInstance returns (its ring's destroy waits on a ring-0 fence) and the probe exits 0
+    assert run.probe_rc == 0, run
+    assert "device and instance destroyed" in run.said, run
     # in process: no render server was asked for, so none ran
-    assert "render server" not in log.lower(), log
+    assert "render server" not in run.log.lower(), run.log
 
 
 def test_the_tree_without_the_series_has_no_in_process_mode(chroot_root: Path, scratch: Path) -> None:
     bare = build.build(build.Variant(series=False), cache())
-    said, log, ended = serve_and_probe(bare.root / "build" / "vtest" / "virgl_test_server", "--venus-in-process",
-                                       chroot_root, scratch)  # fmt: skip
-    assert ended is not None and ended != 0 and said == "", log
-    assert "--venus]" in log or "Usage" in log or "usage" in log, log
+    run = serve_and_probe(bare.root / "build" / "vtest" / "virgl_test_server", "--venus-in-process",
+                          chroot_root, scratch)  # fmt: skip
+    assert run.server_rc is not None and run.server_rc != 0 and run.said == "", run.log
+    assert "--venus]" in run.log or "Usage" in run.log or "usage" in run.log, run.log
