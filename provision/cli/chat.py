@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from provision.cli import output
 from provision.cli.output import command, human_stream
 from provision.core import values
-from provision.core.errors import ProvisionError
 from provision.core.result import Result
 
 # The commands this module adds, with their one-line help (`provision --help` lists these
@@ -32,22 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def model_stop(served: str | None, cache: Path) -> tuple[str, ...]:
-    """The stop strings of the model a serve of ours runs (its ollama params), read from the store
-    without writing to it; none for a URL or a model the store does not hold."""
-    if served is None:
-        return ()
-    from provision.core import pins
-    from provision.models.store import Store
-    from provision.serve import model_defaults
-
-    store = Store.reading(cache / "models", pins.default())
-    try:
-        return model_defaults.for_stored(store, served).stop if store.has_ref(served) else ()
-    except (OSError, ProvisionError):  # a damaged ref or a lost blob: the chat goes on without them
-        return ()
-
-
 def run(args: argparse.Namespace) -> Result:
     # With --json the tokens stream to stderr and stdout carries the final message's envelope alone.
     from provision.chat import client as chat
@@ -59,9 +41,11 @@ def run(args: argparse.Namespace) -> Result:
         from provision.core.errors import InvalidValue
 
         raise InvalidValue(f"--max-tokens {args.max_tokens}: must be at least 1", fix="--max-tokens 512")
-    target = chat.target_url(args.target, serve_state.entries())
-    stop = model_stop(target.model, args.app.settings.typed.cache)
-    client = chat.ChatClient(target, model=args.model, timeout=args.timeout, stop=stop)
+    served = serve_state.entries()
+    target = chat.target_url(args.target, served)
+    # a serve of ours, by name, by its URL or the only one: its model's stop strings go with each request
+    ours = next((e for e in served if e.url == target.base), None)
+    client = chat.ChatClient(target, model=args.model, timeout=args.timeout, stop=ours.stop if ours else ())
     out = human_stream(args)
     session = chat_session.Session(client, out, system=args.system, max_tokens=args.max_tokens,
                                    temperature=args.temperature)  # fmt: skip

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provision.core.errors import InvalidValue, ProvisionError, UnknownStack
+from provision.core.errors import BadModelName, InvalidValue, UnknownStack
 
 if TYPE_CHECKING:
     from provision.models.names import Store
@@ -40,14 +40,17 @@ def model_word(args: argparse.Namespace, usage: str) -> str:
 
 
 def is_model(word: str, store: Store) -> bool:
-    """Whether ``word`` names a model (a GGUF file, a stored, catalog or short name, a reference)."""
+    """Whether ``word`` names a model (a GGUF file, a stored, catalog or short name, a reference: one not
+    pulled yet is still a model, and resolving it says how to pull it)."""
     if Path(word).expanduser().is_file():
         return True
     from provision.models import names
 
+    if names.is_reference(word):
+        return True
     try:
         found = names.lookup(store, word)
-    except ProvisionError:
+    except BadModelName:
         return False
     return found.name is not None or found.catalog is not None or found.means != word
 

@@ -6,7 +6,6 @@ which model a served file is).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,12 +17,14 @@ if TYPE_CHECKING:
 
 def model_defaults(ref: str, path: Path) -> ModelDefaults:
     """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
+    from provision.core import paths, pins
     from provision.models.store import Store
     from provision.serve import model_defaults as defaults
 
     if Path(ref).expanduser().is_file():
         return defaults.ModelDefaults()
-    return defaults.for_model(Store(out=sys.stderr), ref, path)
+    # read only: a dry run asks this too, and it must make nothing
+    return defaults.for_model(Store.reading(paths.cache_root() / "models", pins.default()), ref, path)
 
 
 def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:
@@ -31,4 +32,4 @@ def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOption
 
     for note in found.notes:
         say("serve")(f"provision: model: {note}")
-    return replace(options, chat_template=found.chat_template, model_args=found.args)
+    return replace(options, chat_template=found.chat_template, model_args=found.args, model_stop=found.stop)

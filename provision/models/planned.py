@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 
 from provision.core import pins as pins_mod
 from provision.core.settings import Settings, current
-from provision.models import names
-from provision.models.records import DamagedRefError, load_ref
+from provision.models import names, splits
 from provision.models.store import Store
 
 
 def planned(typed: str, settings: Settings | None = None) -> Path:
-    """The stored blob of what ``typed`` names (any way a pull accepted: NAME:TAG, a short name, a
-    reference), else where the catalog's file will be once pulled or synthesized. Reads the store's refs
-    only: no directory made, no lock taken, no request sent. E010 as a run would say it otherwise."""
+    """The stored file of what ``typed`` names (any way a pull accepted: NAME:TAG, a short name, a
+    reference; a split model's part 1, where the run links its parts), else where the catalog's file will
+    be once pulled or synthesized. Reads the store's refs only: no directory made, no lock taken, no
+    request sent. A damaged ref or an unknown model is the run's own error (E010, E013)."""
     store = Store.reading((settings or current()).typed.cache / "models", pins_mod.default())
     found = names.lookup(store, typed)
-    if found.name is not None:
-        ref_path = store.root / "refs" / f"{found.name}.json"
-        # a damaged ref: the run says so; the plan shows the catalog's file, or the run's error now
-        with contextlib.suppress(DamagedRefError, OSError):
-            return store.blob_path(load_ref(ref_path).sha256)
+    ref = store.ref(found.name) if found.name is not None else None
+    if ref is not None:
+        return splits.part_one(store.root, ref) if ref.parts else store.blob_path(ref.sha256)
     pin = store.pins.models.get(found.name or found.catalog or "")
     if pin is None:
         raise found.missing(store.root, names.known_names(store))

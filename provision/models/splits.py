@@ -14,10 +14,16 @@ from provision.models.records import Ref
 from provision.models.refs import check_name
 
 
+def part_one(root: Path, ref: Ref) -> Path:
+    """Where part 1 of a split model is, its siblings beside it, once linked (a plan's answer: nothing made)."""
+    assert ref.parts
+    return root / "split" / check_name(ref.name) / ref.parts[0]["file"]
+
+
 def link_parts(root: Path, ref: Ref) -> Path:
     """The path of part 1, with every part linked beside it."""
     assert ref.parts
-    folder = root / "split" / check_name(ref.name)
+    folder = part_one(root, ref).parent
     folder.mkdir(parents=True, exist_ok=True)
     for part in ref.parts:
         link = folder / part["file"]

@@ -61,6 +61,7 @@ class ServerOptions:
     runtime_args: tuple[str, ...] = ()
     chat_template: str | None = None  # a jinja chat template (the GGUF's own when None)
     model_args: tuple[str, ...] = ()  # the model's sampling defaults, as llama-server options
+    model_stop: tuple[str, ...] = ()  # the model's stop strings: no server option, kept for its clients (ps entry)
 
     def argv(self) -> list[str]:
         args: list[str] = []
@@ -278,6 +279,7 @@ def serve(
             host=req.host,
             port=req.port,
             log=log,
+            stop=list(req.options.model_stop),
         )
     )
     # SIGTERM (`provision stop`) and SIGHUP arrive as KeyboardInterrupt (adapters/signals.py, set by

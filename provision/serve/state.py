@@ -61,6 +61,7 @@ class Entry:
     log: str | None = None
     run_dir: str | None = None
     qemu_pid: int | None = None
+    stop: list[str] = field(default_factory=list)  # the model's stop strings, which `provision chat` sends
 
     @property
     def url(self) -> str:

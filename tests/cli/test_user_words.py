@@ -97,22 +97,25 @@ def test_run_without_a_command_is_a_usage_error(tiny: Path, capsys: pytest.Captu
     assert "no command to run in the guest" in err and "fix: provision run [STACK]" in err
 
 
-def test_run_model_plans_a_serve_then_the_chat(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_model_plans_a_serve_then_the_chat(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Host tools are a stand-in bundle in a fresh cache (the plan needs them: E020 without); the stack is
-    # picked as serve picks it, so the bundle holds a guest for every stack --gpu may pick
+    # picked as serve picks it, so the bundle holds a guest for every stack --gpu may pick. The model is
+    # the catalog's, not yet made: the plan names where it will be and makes nothing, not even the store.
     monkeypatch.setenv("PROVISION_ACCEL", "tcg")
     gpu_stacks = [s for s in catalog.load().stacks.values() if s.gpu and "linux" in s.hosts]
     install_bundle(*gpu_stacks)
-    before = sorted(p.relative_to(tiny) for p in tiny.rglob("*") if not p.is_dir())
+    before = sorted(p.relative_to(empty_cache) for p in empty_cache.rglob("*"))
     proc = run_provision("run", "tiny-llama", "--gpu", "--dry-run", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)["data"]
     assert data["then"] == "chat, stop"
     assert "exec llama-server" in data["job"] and "tiny-llama" in data["job"]
     assert "provision: route:" in proc.stderr  # the stack was picked as serve picks it, and said why
-    # a dry run writes nothing: no file, and no record directory of its probes left behind
-    assert sorted(p.relative_to(tiny) for p in tiny.rglob("*") if not p.is_dir()) == before
-    assert not any((tiny / "jobs").glob("*"))
+    # a dry run writes nothing: no file, no folder (the model store included) but the probes' empty
+    # jobs/ folder, and no record of its probes left there
+    after = sorted(p.relative_to(empty_cache) for p in empty_cache.rglob("*"))
+    assert [p for p in after if p not in before] == [Path("jobs")]
+    assert not (empty_cache / "models").exists()
 
 
 def test_serve_model_is_serve_with_that_model(tiny: Path, monkeypatch: pytest.MonkeyPatch,
@@ -125,12 +128,17 @@ def test_serve_model_is_serve_with_that_model(tiny: Path, monkeypatch: pytest.Mo
         proc = run_provision(*argv, "--gpu", "--port", "8123", "--dry-run", "--json")
         assert proc.returncode == 0, proc.stderr
         plans.append(json.loads(proc.stdout)["data"])
-    assert plans[0]["argv"] == plans[1]["argv"] and "tiny-llama" in json.dumps(plans[0])
+    assert plans[0] == plans[1] and "tiny-llama" in json.dumps(plans[0])
     for argv, code in ((["serve", "llama-linux", "--gpu"], errors.InvalidValue),
                        (["serve", "--gpu"], errors.InvalidValue),
                        (["serve", "tiny-lama", "--gpu"], errors.UnknownStack)):  # fmt: skip
         err = error_of(capsys, argv, code)
         assert "fix: did you mean 'tiny-llama'" in err if code is errors.UnknownStack else "fix: provision serve" in err
+    # a reference nobody pulled is a model all the same: its fix pulls it (not "neither a stack nor a model")
+    for ref in ("ollama://tiny", "kquant:latest"):
+        assert cli.main(["serve", ref, "--gpu", "--dry-run"]) == errors.UnknownModel.exit_status
+        err = capsys.readouterr().err  # after the route line: the stack was picked, then the model looked up
+        assert "E010: " in err and f"fix: provision model pull {ref}" in err
     # with --model the word is a stack
     assert "unknown stack 'tiny-llama'" in error_of(capsys, ["serve", "tiny-llama", "--model", "tiny-llama"],
                                                     errors.UnknownStack)  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 
 from provision import cli
 from provision.cli.run import resolve_model
-from provision.core import errors
+from provision.core import errors, pins
 from provision.models import names
 from provision.models import store as models
 from tests.models import models_http, registries
@@ -86,15 +86,15 @@ def test_a_reference_pulled_under_another_name_is_found_by_its_source(cache, ser
 
 
 def test_shipped_shortnames_name_their_catalog_model(cache, capsys):
+    # a dry run plans the catalog file a shipped short name stands for, making nothing (not even the store)
+    pin = pins.default().models["qwen2.5-0.5b-instruct-q4_k_m"]
+    assert resolve_model("qwen2.5:0.5b", fetch=False) == cache / "blobs" / f"sha256-{pin.sha256}"
+    assert not cache.exists()
     store = models.Store(out=io.StringIO())
     found = names.lookup(store, "qwen2.5:0.5b")  # was E014 "pick another name with --name"
     assert (found.name, found.catalog) == (None, "qwen2.5-0.5b-instruct-q4_k_m")
     status, _, err = model(capsys, "path", "qwen2.5:0.5b")
     assert status == errors.UnknownModel.exit_status and "fix: provision model pull qwen2.5:0.5b" in err
-    # a dry run plans the catalog file a shipped short name stands for, making nothing
-    pin = models.Store(out=io.StringIO()).pins.models["qwen2.5-0.5b-instruct-q4_k_m"]
-    assert resolve_model("qwen2.5:0.5b", fetch=False) == cache / "blobs" / f"sha256-{pin.sha256}"
-    assert not any((cache / "blobs").iterdir())
     path = resolve_model("tiny")  # the shipped `tiny` -> tiny-llama, synthesized on first use like the name
     assert path == models.Store(out=io.StringIO()).path("tiny-llama")
     status, data, _ = model(capsys, "path", "tiny")
@@ -132,3 +132,19 @@ def test_a_pulled_model_whose_file_went_missing_is_pulled_again_by_its_source(ca
     assert cli.main(fix.split()[1:]) == 0
     status, data, _ = model(capsys, "path", "kquant:latest")
     assert status == 0 and Path(data["path"]).read_bytes() == tiny
+
+
+def test_a_dry_run_plans_a_split_model_where_the_run_links_it_and_a_damaged_ref_as_the_run_refuses_it(cache):
+    from provision.models.records import Ref
+
+    (cache / "refs").mkdir(parents=True)
+    parts = [{"sha256": f"{k}" * 64, "size": 10, "file": f"big-Q4_K_M-{k:05d}-of-00002.gguf"} for k in (1, 2)]
+    ref = Ref("big", parts[0]["sha256"], 20, "https://127.0.0.1/big.gguf", False, None, parts=parts)
+    (cache / "refs" / "big.json").write_text(json.dumps(ref.as_dict()))
+    before = sorted(cache.rglob("*"))
+    assert resolve_model("big", fetch=False) == cache / "split" / "big" / "big-Q4_K_M-00001-of-00002.gguf"
+    (cache / "refs" / "broken.json").write_text("{not json")
+    with pytest.raises(errors.ModelHashMismatch, match="damaged ref") as caught:
+        resolve_model("broken", fetch=False)
+    assert caught.value.fix == "provision model rm broken, then pull it again"
+    assert sorted(cache.rglob("*")) == [*before, cache / "refs" / "broken.json"]  # nothing made, nothing linked

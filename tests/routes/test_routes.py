@@ -199,21 +199,29 @@ def test_run_without_a_stack_needs_gpu_or_a_route() -> None:
     assert proc.returncode == 13 and "E003" in proc.stderr and "--gpu" in proc.stderr
 
 
-def test_the_host_s_icds_are_what_the_loader_s_override_names(tmp_path: Path) -> None:
+def test_the_icds_are_what_the_vulkan_loader_would_read(tmp_path: Path) -> None:
     folder = tmp_path / "icd.d"
     folder.mkdir()
     (folder / "lvp_icd.x86_64.json").write_text("{}")
     (tmp_path / "nvidia_icd.json").write_text("{}")
-    chroot = tmp_path / "chroot" / "usr/share/vulkan/icd.d"
-    chroot.mkdir(parents=True)
-    (chroot / "radeon_icd.x86_64.json").write_text("{}")
-    roots = [tmp_path / "host", tmp_path / "chroot"]
-    assert probe.vulkan_icds(roots) == ("radeon_icd.x86_64.json",)
+    for tree, icd in (("host", "intel_icd.x86_64.json"), ("bundle", "lvp_icd.json"), ("chroot", "radeon_icd.json")):
+        (tmp_path / tree / "usr/share/vulkan/icd.d").mkdir(parents=True)
+        (tmp_path / tree / "usr/share/vulkan/icd.d" / icd).write_text("{}")
+    host, bundle, chroot = tmp_path / "host", tmp_path / "bundle", tmp_path / "chroot"
+    assert probe.vulkan_icds([host, bundle], [chroot]) == ("intel_icd.x86_64.json", "lvp_icd.json", "radeon_icd.json")
+    # an override replaces the search folders of what runs with this environment (a bundle too), never a chroot's
+    listed = f"{folder}:{tmp_path / 'nvidia_icd.json'}:{tmp_path / 'gone'}"
     for key in probe.LOADER_OVERRIDES:
-        env = {key: f"{folder}:{tmp_path / 'nvidia_icd.json'}:{tmp_path / 'gone'}"}
-        assert probe.vulkan_icds(roots, loader_env=env) == ("lvp_icd.x86_64.json", "nvidia_icd.json",
-                                                            "radeon_icd.x86_64.json")  # fmt: skip
-    assert probe.vulkan_icds(roots, loader_env={"VK_DRIVER_FILES": ""}) == ("radeon_icd.x86_64.json",)
+        assert probe.vulkan_icds([host, bundle], [chroot], {key: listed}) == (
+            "lvp_icd.x86_64.json", "nvidia_icd.json", "radeon_icd.json")  # fmt: skip
+    # VK_DRIVER_FILES is read before VK_ICD_FILENAMES; an empty one is no override
+    both = {"VK_DRIVER_FILES": str(tmp_path / "nvidia_icd.json"), "VK_ICD_FILENAMES": str(folder)}
+    assert probe.vulkan_icds([host], [], both) == ("nvidia_icd.json",)
+    assert probe.vulkan_icds([host], [], {"VK_DRIVER_FILES": ""}) == ("intel_icd.x86_64.json",)
+    # VK_ADD_DRIVER_FILES adds to the search, and is off under an override
+    added = {"VK_ADD_DRIVER_FILES": str(tmp_path / "nvidia_icd.json")}
+    assert probe.vulkan_icds([host], [], added) == ("intel_icd.x86_64.json", "nvidia_icd.json")
+    assert probe.vulkan_icds([host], [], {**added, "VK_DRIVER_FILES": str(folder)}) == ("lvp_icd.x86_64.json",)
 
 
 def test_run_gpu_with_nothing_to_run_it_on_is_e007_before_any_vm(tmp_path: Path) -> None:
@@ -224,7 +232,7 @@ def test_run_gpu_with_nothing_to_run_it_on_is_e007_before_any_vm(tmp_path: Path)
     (tmp_path / "no-icds").mkdir()
     env = {"PROVISION_HOST_TOOLS": str(tools), "PROVISION_CACHE": str(tmp_path / "cache"),
            "VK_DRIVER_FILES": str(tmp_path / "no-icds")}  # fmt: skip
-    if probe.render_nodes(Path("/")) or probe.vulkan_icds([Path("/")], loader_env=env):
+    if probe.render_nodes(Path("/")) or probe.vulkan_icds([Path("/")], [], env):
         pytest.fail("this test needs a host without /dev/dri")
     for argv in (("run", "--gpu", "--", "true"), ("serve", "--gpu", "--model", "tiny-llama"), ("bench",)):
         proc = run_provision(*argv, env=env)

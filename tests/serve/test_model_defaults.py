@@ -221,15 +221,26 @@ def test_a_gguf_keeps_its_own_template_and_embeddings_serve_v1_embeddings(
         assert len(vector) == 128 and all(isinstance(x, float) for x in vector) and any(vector)
 
 
-def test_chat_sends_the_served_ollama_models_stop_strings(pulled: str, empty_cache: Path) -> None:
-    from provision.chat import client as chat
-    from provision.cli.chat import model_stop
+def test_chat_sends_the_stop_strings_of_the_serve_it_talks_to(pulled: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """serve records the model's stop strings in its ps entry (served under its alias, `tiny` here, not its
+    store name); chat sends them to that serve, by name or by URL, and to no other server."""
+    from provision.cli.run import resolve_model
+    from provision.cli.serve_model import apply_defaults, model_defaults
+    from provision.serve import state as serve_state
     from tests.chat.sse_server import Server
 
-    assert model_stop(pulled, empty_cache) == tuple(registries.PARAMS["stop"])
-    assert model_stop(None, empty_cache) == () and model_stop("no-such-model", empty_cache) == ()
-    with Server() as server:
-        client = chat.ChatClient(chat.target_url(server.url, []), timeout=30, stop=model_stop(pulled, empty_cache))
-        assert "".join(client.stream([{"role": "user", "content": "a b"}], max_tokens=4, temperature=None))
-        assert server.requests[0]["stop"] == registries.PARAMS["stop"]
-
+    options = apply_defaults(engine.ServerOptions(), model_defaults("ollama://tiny", resolve_model("ollama://tiny")))
+    assert options.model_stop == tuple(registries.PARAMS["stop"])
+    with Server() as ours, Server() as other:
+        entry = serve_state.claim(serve_state.own_entry(
+            name="tiny-8080", stack="llama-linux", model="tiny", gpu=False, host="127.0.0.1", port=ours.port,
+            stop=list(options.model_stop)))  # fmt: skip
+        try:
+            for target in ("tiny-8080", ours.url, f"{ours.url}/v1"):
+                assert cli.main(["chat", target, "--prompt", "a b", "--max-tokens", "4"]) == 0
+            assert cli.main(["chat", other.url, "--prompt", "a b", "--max-tokens", "4"]) == 0
+        finally:
+            serve_state.release(entry)
+        capsys.readouterr()
+        assert [r.get("stop") for r in ours.requests] == [registries.PARAMS["stop"]] * 3
+        assert "stop" not in other.requests[0]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from provision.bench import history_file
@@ -28,7 +28,7 @@ def facts(root: Path = Path("/")) -> HostFacts:
         nvidia_gpus=nvidia_gpus(root),
         cuda_backend=cuda_backend(),
         apir_host_tools=_apir_host_tools(),
-        vulkan_icds=vulkan_icds([root, *_host_tools_roots()], loader_env=os.environ),
+        vulkan_icds=vulkan_icds([root, *_host_tools_roots(chroot=False)], _host_tools_roots(chroot=True), os.environ),
         apir_speedup=history_file.apir_speedup_measured(),
     )
 
@@ -57,28 +57,36 @@ def nvidia_gpus(root: Path) -> tuple[str, ...]:
     return tuple(names)
 
 
-# The Vulkan loader's own override: with one set, the host's loader reads those manifests (files or
-# folders, colon-separated) and not its search folders, so the host's drivers are those.
+# The Vulkan loader's own variables. An override (the first set wins) names the manifests (files or folders,
+# colon-separated) the loader reads instead of its search folders, and turns VK_ADD_DRIVER_FILES off;
+# without one, VK_ADD_DRIVER_FILES adds to them. (VK_LOADER_DRIVERS_SELECT/DISABLE are not modelled.)
 LOADER_OVERRIDES = ("VK_DRIVER_FILES", "VK_ICD_FILENAMES")
+LOADER_ADDITIONS = "VK_ADD_DRIVER_FILES"
 
 
-def vulkan_icds(roots: list[Path], loader_env: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """ICD manifest names under each root's search folders; for the first root (the host's), what
-    ``loader_env``'s override names instead when it names any."""
-    names: set[str] = set()
+def vulkan_icds(
+    roots: Sequence[Path], clean_roots: Sequence[Path] = (), loader_env: Mapping[str, str] | None = None
+) -> tuple[str, ...]:
+    """ICD manifest names the Vulkan loader finds: under ``roots`` (the host, a bundle: programs that run with
+    this environment, so ``loader_env``'s variables apply) and ``clean_roots`` (a chroot, entered with a clean
+    environment: its search folders only)."""
     env = loader_env or {}
     override = next((env[k] for k in LOADER_OVERRIDES if env.get(k)), None)
-    for i, r in enumerate(roots):
-        if i == 0 and override is not None:
-            for item in (Path(x) for x in override.split(":") if x):
-                names.update([item.name] if item.is_file() else (p.name for p in item.glob("*.json")))
-            continue
-        for d in ICD_DIRS:
-            folder = r / d
-            if folder.is_dir():
-                names.update(p.name for p in folder.glob("*.json"))
+    names = set(_listed(override)) if override is not None else {*_searched(roots), *_listed(env.get(LOADER_ADDITIONS))}
+    names.update(_searched(clean_roots))
     # virtio_icd is the guest's Venus driver: on the host it has no device.
     return tuple(sorted(n for n in names if not n.startswith("virtio_icd")))
+
+
+def _searched(roots: Sequence[Path]) -> set[str]:
+    return {p.name for r in roots for d in ICD_DIRS if (r / d).is_dir() for p in (r / d).glob("*.json")}
+
+
+def _listed(paths: str | None) -> set[str]:
+    names: set[str] = set()
+    for item in (Path(x) for x in (paths or "").split(":") if x):
+        names.update([item.name] if item.is_file() else (p.name for p in item.glob("*.json")))
+    return names
 
 
 def cuda_backend() -> str | None:
@@ -95,11 +103,14 @@ def cuda_backend() -> str | None:
     return None
 
 
-def _host_tools_roots() -> list[Path]:
+def _host_tools_roots(*, chroot: bool) -> list[Path]:
+    """The host tools' root when it is (``chroot``) or is not (a bundle, run with this environment) a chroot."""
     from provision.hosts.linux.tools import host_tools
 
     found = host_tools.locate()
-    return [found.root] if found is not None and found.root != Path("/") else []
+    if found is None or found.root == Path("/") or found.is_chroot != chroot:
+        return []
+    return [found.root]
 
 
 def _apir_host_tools() -> bool:
