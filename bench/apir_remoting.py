@@ -4,12 +4,12 @@ and the cost of a token by command (issues 27 and 40).
 
 Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
 checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
-series without its last cut (APIR 0.3: 0006 shared, 0007 guest, 0008 host), "after" with the
-whole series. The same llama-bench runs natively and through each, alternately, with the
-loopback's per-command profile on (APIR_LOOPBACK_STATS; with 0008 the host's time is split into
-decode, compute and copy). Each test runs twice through the route, with 1 and with R repetitions:
-the difference divided by (R-1) x tokens is the cost of one more token, without model load and
-warm-up. Correctness: checks/apir-loopback/greedy.cpp decodes greedily natively and through the
+series without its cuts (APIR 0.3: 0006 shared, 0007 guest, 0008-0009 host; APIR 0.4: 0011 shared, 0012
+guest, 0013 host), "after" with the whole series. The same llama-bench runs natively and through
+each, alternately, with the loopback's per-command profile on (APIR_LOOPBACK_STATS; with 0008 the
+host's time is split into decode, compute and copy). Each test runs twice through the route, with 1
+and with R repetitions: the difference divided by (R-1) x tokens is the cost of one more token,
+without model load and warm-up. Correctness: checks/apir-loopback/greedy.cpp decodes greedily natively and through the
 "after" route; the token ids must be the same (the exit status says so; speed is never gated).
 
   python bench/apir_remoting.py                   # here: CPU target, `host` + `guest` ggml builds
@@ -44,10 +44,13 @@ from provision.hosts.linux.apir import loopback  # noqa: E402
 from provision.hosts.linux.apir import loopback_no_chroot as loopback_host  # noqa: E402
 from provision.images import sources  # noqa: E402
 
-# The cut under test (APIR 0.3): the patches the series gained last; "before" lacks them all. 0010 (the guest
-# sizes tensors as the host's buffer type asks) is a fix of both, not part of the cut.
+# The cut under test (APIR 0.3 and 0.4): the patches the series gained last; "before" lacks them all. 0010 (the
+# guest sizes tensors as the host's buffer type asks) is a fix of both, not part of the cut.
 CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
-       "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch")
+       "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
+       "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+       "0012-ggml-virtgpu-outputs-with-the-graph-and-shared-host-buffers.patch",
+       "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 

@@ -1,13 +1,17 @@
 // krun-gpu: a decode loop as llama.cpp drives it, on "[virtgpu] <host device>" through the loopback,
-// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008).
+// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008; 0.4, 0011-0013).
 //
 // The weights are set once; then, token after token, the input is set, the same scheduled graph
 // computed again (ggml_backend_sched keeps its uid, so the guest sends the uid, not the graph) and
 // the output read back. Every token's output must match; with APIR_LOOPBACK_STATS the loopback
-// counts what crossed (tests/apir/test_apir_remoting.py reads it: no SET_TENSOR, one GRAPH_RUN and
-// one GET_TENSOR per token).
+// counts what crossed (tests/apir/test_apir_remoting.py reads it: no SET_TENSOR, one GRAPH_RUN per
+// token, and under APIR 0.4 no GET_TENSOR: the output comes back with the graph run).
 //
-//   graph-run-check DEVICE TOKENS
+//   graph-run-check DEVICE TOKENS [guest|host]
+//
+// guest (the default): the output is read into plain guest memory; host: into a buffer of the
+// device's host buffer type, as llama.cpp keeps its logits (under APIR 0.4, shared pages the host
+// writes directly).
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -16,6 +20,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 namespace {
@@ -29,11 +34,16 @@ float value(int i, int salt) {
 }  // namespace
 
 int main(int argc, char ** argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s DEVICE TOKENS\n", argv[0]);
+    if (argc != 3 && argc != 4) {
+        fprintf(stderr, "usage: %s DEVICE TOKENS [guest|host]\n", argv[0]);
         return 2;
     }
-    const int tokens = atoi(argv[2]);
+    const int  tokens  = atoi(argv[2]);
+    const bool to_host = argc == 4 && std::string(argv[3]) == "host";
+    if (argc == 4 && !to_host && std::string(argv[3]) != "guest") {
+        fprintf(stderr, "graph-run-check: read into guest or host, not %s\n", argv[3]);
+        return 2;
+    }
     ggml_backend_load_all();
     ggml_backend_dev_t dev = ggml_backend_dev_by_name(argv[1]);
     if (!dev || tokens <= 0) {
@@ -84,8 +94,23 @@ int main(int argc, char ** argv) {
         return 1;
     }
 
+    // Where the output is read to: plain memory, or the device's host buffer (llama.cpp's output buffer).
+    std::vector<float>    plain(N);
+    float *               yv   = plain.data();
+    ggml_backend_buffer_t hbuf = nullptr;
+    if (to_host) {
+        ggml_backend_buffer_type_t hbuft = ggml_backend_dev_host_buffer_type(dev);
+        hbuf = hbuft ? ggml_backend_buft_alloc_buffer(hbuft, sizeof(float) * N) : nullptr;
+        if (!hbuf) {
+            fprintf(stderr, "graph-run-check: %s has no host buffer type\n", argv[1]);
+            return 1;
+        }
+        yv = (float *) ggml_backend_buffer_get_base(hbuf);
+        printf("graph-run-check: output read into a %s buffer\n", ggml_backend_buft_name(hbuft));
+    }
+
     int bad = 0;
-    std::vector<float> xv(N), yv(N);
+    std::vector<float> xv(N);
     for (int t = 0; t < tokens; t++) {
         for (int i = 0; i < N; i++) {
             xv[i] = value(i, 3 + t);
@@ -95,7 +120,7 @@ int main(int argc, char ** argv) {
             fprintf(stderr, "graph-run-check: compute failed at token %d\n", t);
             return 1;
         }
-        ggml_backend_tensor_get(y, yv.data(), 0, sizeof(float) * N);
+        ggml_backend_tensor_get(y, yv, 0, sizeof(float) * N);
         for (int r = 0; r < N; r++) {
             double acc = bv[r];
             for (int c = 0; c < N; c++) {
@@ -111,6 +136,9 @@ int main(int argc, char ** argv) {
     }
     printf("graph-run-check: %d tokens on %s, %d wrong values\n", tokens, argv[1], bad);
 
+    if (hbuf) {
+        ggml_backend_buffer_free(hbuf);
+    }
     ggml_backend_sched_free(sched);
     ggml_free(gctx);
     ggml_backend_buffer_free(wbuf);

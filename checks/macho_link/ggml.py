@@ -19,7 +19,9 @@ PATCHES = ("patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggm
            "patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
            "patches/llama.cpp/0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
            "patches/llama.cpp/0008-ggml-virtgpu-backend-graph-run.patch",
-           "patches/llama.cpp/0009-ggml-virtgpu-backend-zero-new-buffers.patch")
+           "patches/llama.cpp/0009-ggml-virtgpu-backend-zero-new-buffers.patch",
+           "patches/llama.cpp/0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+           "patches/llama.cpp/0013-ggml-virtgpu-backend-outputs-with-the-graph.patch")
 OFFLINE = "patches/cmake/ggml-virtgpu-offline.cmake"
 TARGETS = ("ggml-base", "ggml-virtgpu-backend")
 # nix/lib/ggml.nix cmakeFlags "metal", Metal off (tests/macho compares them with `nix eval`).

@@ -41,13 +41,16 @@ effectiveStdenv.mkDerivation (finalAttrs: {
   # The host-side fixes the Linux route applies (provision/hosts/linux/apir/loopback.py HOST_PATCHES):
   # buffers are freed through ggml, so a backend buffer without free_buffer neither leaks nor kills
   # the worker; an unchanged graph is not decoded again each token, and a decoded one is freed;
-  # APIR 0.3 (0006 shared with the guest series, 0008): a token's writes and graph in one round trip.
+  # APIR 0.3 (0006 shared with the guest series, 0008): a token's writes and graph in one round trip;
+  # APIR 0.4 (0011 shared, 0013): the outputs the guest reads come back with the graph run.
   patches = [
     ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch
     ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
     ../../patches/llama.cpp/0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch
     ../../patches/llama.cpp/0008-ggml-virtgpu-backend-graph-run.patch
     ../../patches/llama.cpp/0009-ggml-virtgpu-backend-zero-new-buffers.patch
+    ../../patches/llama.cpp/0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch
+    ../../patches/llama.cpp/0013-ggml-virtgpu-backend-outputs-with-the-graph.patch
   ];
 
   nativeBuildInputs = [

@@ -25,15 +25,17 @@ def built() -> images.BuiltImage:
 def test_image_carries_the_route_protocol_and_patch(built):
     labels = podman.labels(built.ref)
     assert labels["krun-gpu.route"] == "apir"
-    # the ggml layer's protocol: 0.3 since patches 0006 + 0007, which host libraries built here speak
-    assert labels["krun-gpu.apir.protocol"] == preflight.format_protocol(preflight.guest_protocol()) == "0.3"
+    # the ggml layer's protocol: 0.4 since patches 0011 + 0012, which host libraries built here speak
+    assert labels["krun-gpu.apir.protocol"] == preflight.format_protocol(preflight.guest_protocol()) == "0.4"
     assert labels["krun-gpu.patches"] == ",".join(
         ["0001-ggml-virtgpu-ask-the-host-supports-op.patch",
          "0002-ggml-virtgpu-supports-op-only-what-the-host-can-decode.patch",
          "0004-ggml-virtgpu-deterministic-graph-bytes-and-supports-op-cache.patch",
          "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
          "0007-ggml-virtgpu-one-round-trip-per-token.patch",
-         "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"]
+         "0010-ggml-virtgpu-ask-the-host-alloc-size.patch",
+         "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+         "0012-ggml-virtgpu-outputs-with-the-graph-and-shared-host-buffers.patch"]
     )
     stack = catalog.load().get("llama-apir-linux")
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env

@@ -1,11 +1,13 @@
-"""The remoting cuts (issues 27 and 40): APIR 0.3, patches 0006 (shared), 0007 (guest), 0008 (host).
+"""The remoting cuts (issues 27 and 40): APIR 0.3, patches 0006 (shared), 0007 (guest), 0008 (host);
+APIR 0.4, 0011 (shared), 0012 (guest), 0013 (host).
 
 Fast tests: how bench/apir_remoting.py splits the series, turns two loopback profiles into a
 per-token one, and that every build of the host library (Linux builds, the loopback, Nix, the macOS
 cross build) and every APIR guest image applies its half of the series. Slow ones build the pinned
 tree with the series (CPU target, no VM): the patched headers say the pinned protocol, a llama-like
-decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR per
-token, a 0.2 guest is refused by a 0.3 host with a message, and greedy decoding through the route
+decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
+GET_TENSOR per token (its output read into guest memory or into the device's shared host buffer), 0.2
+and 0.3 guests are refused by a 0.4 host with a message, and greedy decoding through the route
 gives the same tokens as native (the CI gate: correctness, never speed).
 """
 
@@ -36,6 +38,11 @@ SHARED, GUEST, HOST, ZERO = (
     "0008-ggml-virtgpu-backend-graph-run.patch",
     "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
 )
+OUT_SHARED, OUT_GUEST, OUT_HOST = (
+    "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+    "0012-ggml-virtgpu-outputs-with-the-graph-and-shared-host-buffers.patch",
+    "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
+)
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -53,26 +60,29 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     bench = _bench()
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
-    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO}
-    assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST))
-    assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO))
+    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST}
+    assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST, OUT_SHARED,
+                                                                                      OUT_GUEST))
+    assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
+                                                                                    OUT_HOST))
     assert before.host_patches[-1].startswith("0005-")
     assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
-def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3() -> None:
-    assert ggml_build.HOST_PATCHES[-3:] == (SHARED, HOST, ZERO)
+def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_and_0_4() -> None:
+    assert ggml_build.HOST_PATCHES[-5:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", macho)) == ggml_build.HOST_PATCHES
-    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2 guests
+    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2 and 0.3 guests
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-3:] == [SHARED, GUEST, ALLOC] and HOST not in names and ZERO not in names, name
+        assert names[-5:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST], name
+        assert not {HOST, ZERO, OUT_HOST} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
-    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 3, 2)
+    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 4, 2)
 
 
 def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check() -> None:
@@ -116,9 +126,9 @@ def test_the_series_applies_in_each_builds_order_and_the_headers_say_the_pinned_
     assert build is not None
     guest = tuple(Path(p).name for p in build.patches)
     for names in (tuple(loopback.guest_patches()), ggml_build.HOST_PATCHES, guest):
-        patched = builds.patched_tree(tree, names, "test-apir-0.3")
+        patched = builds.patched_tree(tree, names, "test-apir-0.4")
         assert sources.apir_protocol(patched) == (proto["major"], proto["minor"]), names
-    host = builds.patched_tree(tree, ggml_build.HOST_PATCHES, "test-apir-0.3")
+    host = builds.patched_tree(tree, ggml_build.HOST_PATCHES, "test-apir-0.4")
     table = (host / "ggml/src/ggml-virtgpu/backend/backend-dispatched.gen.h").read_text()
     assert "APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN  = */ backend_backend_graph_run" in table
 
@@ -137,34 +147,41 @@ def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str
     return dirs
 
 
-def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path) -> subprocess.CompletedProcess[str]:
+def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path,
+                  into: str = "guest") -> subprocess.CompletedProcess[str]:
     # The remote CPU without host-pointer buffers, as a GPU: tensor data crosses as commands.
     env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
            "APIR_LOOPBACK_NO_HOST_PTR": "1"}
-    return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens)], env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens), into],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
 @pytest.mark.slow
-def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_and_right_values(tmp_path: Path) -> None:
+@pytest.mark.parametrize("into", ["guest", "host"])
+def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_right_values(tmp_path: Path,
+                                                                                         into: str) -> None:
     dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
     counts: dict[int, dict[str, dict[str, int]]] = {}
     for tokens in (2, 12):
         stats = tmp_path / f"stats-{tokens}.json"
-        proc = _decode_check(dirs, tokens, stats)
+        proc = _decode_check(dirs, tokens, stats, into)
         assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
             proc.stdout + proc.stderr)[-3000:]
+        if into == "host":  # llama.cpp's output buffer: the device's own host buffer type (shared pages)
+            assert "output read into a ggml-virtgpu_Host buffer" in proc.stdout
         counts[tokens] = json.loads(stats.read_text())["commands"]
     per_token = {cmd: (c["n"] - counts[2].get(cmd, {"n": 0})["n"]) / 10 for cmd, c in counts[12].items()}
-    # The input rides with the graph: one GRAPH_RUN and the output's GET_TENSOR per token, no SET_TENSOR
-    # (the weights' SET_TENSOR happen once, before the loop, the same number in both runs).
-    assert per_token["graph_run"] == 1.0 and per_token["buffer_get_tensor"] == 1.0
-    assert per_token.get("buffer_set_tensor", 0) == 0 and per_token.get("graph_compute", 0) == 0
-    assert {k for k, v in per_token.items() if v} == {"graph_run", "buffer_get_tensor"}
-    # Sent by uid: a repeated graph's command carries no graph, so the host decodes nothing more.
+    # The input rides with the graph and the output comes back with it (APIR 0.4): one GRAPH_RUN per token,
+    # no SET_TENSOR, no GET_TENSOR (the weights' SET_TENSOR happen once, before the loop; the first token's
+    # output crosses as a GET_TENSOR, which is how the guest learns what to ask for: the same in both runs).
+    assert per_token["graph_run"] == 1.0
+    assert {k for k, v in per_token.items() if v} == {"graph_run"}, per_token
+    assert counts[12]["buffer_get_tensor"]["n"] == counts[2]["buffer_get_tensor"]["n"] == 1
+    # Sent by uid: a repeated graph's command carries no graph, so the host decodes nothing more; the
+    # outputs are the host's copy time.
     run12, run2 = counts[12]["graph_run"], counts[2]["graph_run"]
     assert run12["decode_ns"] - run2["decode_ns"] < (run12["compute_ns"] - run2["compute_ns"])
-    assert run12["compute_ns"] > 0 and "copy_ns" in run12
+    assert run12["compute_ns"] > 0 and run12["copy_ns"] > run2["copy_ns"]
 
 
 def _alloc_size_check(dirs: loopback_no_chroot.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:
@@ -194,13 +211,28 @@ def test_the_guest_reserves_what_the_host_buffer_type_asks_for_once_per_descript
 
 
 @pytest.mark.slow
-def test_a_0_2_guest_is_refused_by_a_0_3_host_with_a_message(tmp_path: Path) -> None:
-    old_guest = tuple(p for p in loopback.guest_patches() if p not in (SHARED, GUEST))
+def test_0_2_and_0_3_guests_are_refused_by_a_0_4_host_with_a_message(tmp_path: Path) -> None:
+    old_guest = tuple(p for p in loopback.guest_patches() if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST))
     dirs = _loopback(tmp_path, "mixed", old_guest, loopback.HOST_PATCHES)
     proc = _decode_check(dirs, 2, tmp_path / "stats.json")
     assert proc.returncode != 0
-    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.3" in proc.stderr
+    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.4" in proc.stderr
     assert "backend function 'backend_graph_compute' failed" in proc.stderr
+    # A 0.3 guest's GRAPH_RUN (no read fields) and hostile read records, sent to the host's dispatcher as
+    # virglrenderer hands them over: each refused with its code and a log line, before anything runs.
+    env = loopback_no_chroot.run_env(dirs, "cpu")
+    proc = subprocess.run([str(dirs.bin / "graph-run-refusals"), env["VIRGL_APIR_BACKEND_LIBRARY"],
+                           env["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"], env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"]],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    codes = dict(line.rsplit(": return code ", 1) for line in proc.stdout.splitlines() if ": return code " in line)
+    # APIR_GRAPH_RUN_PROTOCOL_MISMATCH (2): the guest's own message names it (0007's graph_run_failed)
+    assert codes.pop("0.3 guest") == "2"
+    assert "refused: the guest speaks APIR 0.3, this host library 0.4" in proc.stderr
+    # APIR_GRAPH_RUN_BAD_REQUEST (1), each with the host's reason; the control case gets as far as the graph
+    assert codes == {"read of an unknown buffer": "1", "reads_size short of n_reads": "1",
+                     "reads without compute": "1", "no reads, unknown graph": "3"}, codes
+    assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from provision.apir import ggml as ggml_build
 from provision.core import pins as pins_mod
 
 from .nix_facts import store_basename
@@ -243,11 +244,9 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
     for flag in ("-DGGML_BLAS:BOOL=FALSE", "-DLLAMA_BUILD_COMMON:BOOL=FALSE", "-DLLAMA_BUILD_APP:BOOL=FALSE"):
         assert flag in flags
     patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
-    assert [store_basename(p) for p in patches] == ["0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
-                                                    "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
-                                                    "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
-                                                    "0008-ggml-virtgpu-backend-graph-run.patch",
-                                                    "0009-ggml-virtgpu-backend-zero-new-buffers.patch"]
+    assert [store_basename(p) for p in patches] == list(ggml_build.HOST_PATCHES)
+    assert list(ggml_build.HOST_PATCHES[-2:]) == ["0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+                                                  "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 

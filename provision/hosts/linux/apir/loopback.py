@@ -129,9 +129,13 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         f"g++ -std=c++17 -O1 -fPIC -shared {uses} -DGGML_BUILD -DGGML_SHARED {inc} "
         f"{w}/src/ggml/src/ggml-backend-reg.cpp {w}/src/ggml/src/ggml-backend-dl.cpp "
         f"-o {b}/libggml.so -L{lib} -lggml-base {links} {rpath}",
-        # A llama-like decode loop checked value by value (APIR 0.3: inputs with the graph, the graph by uid).
+        # A llama-like decode loop checked value by value (APIR 0.3: inputs with the graph, the graph by uid;
+        # 0.4: the output with it).
         f"g++ -std=c++17 -O1 {inc} {loop}/graph-run-check.cpp -o {b}/graph-run-check -L{b} -L{lib} -lggml "
         f"-lggml-base {rpath}",
+        # GRAPH_RUN commands the host must refuse, written by hand (an older guest; forged read records):
+        # guest and host built from one tree share one protocol header, so the loopback cannot send them.
+        f"g++ -std=c++17 -O1 -g {inc} -I{front} {loop}/graph-run-refusals.cpp -o {b}/graph-run-refusals -ldl",
         # The guest reserves what the host's buffer type asks for (0010; APIR_LOOPBACK_ALLOC_PAD pads its answers).
         f"g++ -std=c++17 -O1 {inc} {loop}/alloc-size-check.cpp -o {b}/alloc-size-check -L{b} -L{lib} -lggml "
         f"-lggml-base {rpath}",
