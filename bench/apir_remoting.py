@@ -49,7 +49,7 @@ from provision.images import sources  # noqa: E402
 CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
        "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
        "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
-       "0012-ggml-virtgpu-outputs-with-the-graph-and-shared-host-buffers.patch",
+       "0012-ggml-virtgpu-outputs-with-the-graph.patch",
        "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")

@@ -7,11 +7,12 @@
 // counts what crossed (tests/apir/test_apir_remoting.py reads it: no SET_TENSOR, one GRAPH_RUN per
 // token, and under APIR 0.4 no GET_TENSOR: the output comes back with the graph run).
 //
-//   graph-run-check DEVICE TOKENS [guest|host]
+//   graph-run-check DEVICE TOKENS [tokens|ubatches]
 //
-// guest (the default): the output is read into plain guest memory; host: into a buffer of the
-// device's host buffer type, as llama.cpp keeps its logits (under APIR 0.4, shared pages the host
-// writes directly).
+// tokens (the default): each token's output is read into the same place, as llama.cpp reads its logits.
+// ubatches: tokens go in pairs, as llama.cpp decodes a batch of two ubatches with one graph, each output
+// read into its own half of one array and both checked once the pair is done: an output the route brought
+// back for the wrong half, or wrote over the first half's, shows as wrong values.
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -35,13 +36,13 @@ float value(int i, int salt) {
 
 int main(int argc, char ** argv) {
     if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: %s DEVICE TOKENS [guest|host]\n", argv[0]);
+        fprintf(stderr, "usage: %s DEVICE TOKENS [tokens|ubatches]\n", argv[0]);
         return 2;
     }
-    const int  tokens  = atoi(argv[2]);
-    const bool to_host = argc == 4 && std::string(argv[3]) == "host";
-    if (argc == 4 && !to_host && std::string(argv[3]) != "guest") {
-        fprintf(stderr, "graph-run-check: read into guest or host, not %s\n", argv[3]);
+    const int  tokens   = atoi(argv[2]);
+    const bool ubatches = argc == 4 && std::string(argv[3]) == "ubatches";
+    if (argc == 4 && !ubatches && std::string(argv[3]) != "tokens") {
+        fprintf(stderr, "graph-run-check: tokens or ubatches, not %s\n", argv[3]);
         return 2;
     }
     ggml_backend_load_all();
@@ -76,12 +77,12 @@ int main(int argc, char ** argv) {
     // y = relu(W x + b) * 0.5: one graph, scheduled once, computed once per token.
     ggml_init_params gparams = { 16 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
     ggml_context *   gctx    = ggml_init(gparams);
-    ggml_tensor *    x       = ggml_new_tensor_1d(gctx, GGML_TYPE_F32, N);
-    ggml_set_input(x);
-    ggml_tensor * y = ggml_scale(gctx, ggml_relu(gctx, ggml_add(gctx, ggml_mul_mat(gctx, w, x), b)), 0.5f);
-    ggml_set_output(y);
+    ggml_tensor *    x_in    = ggml_new_tensor_1d(gctx, GGML_TYPE_F32, N);
+    ggml_set_input(x_in);
+    ggml_tensor * y_out = ggml_scale(gctx, ggml_relu(gctx, ggml_add(gctx, ggml_mul_mat(gctx, w, x_in), b)), 0.5f);
+    ggml_set_output(y_out);
     ggml_cgraph * gf = ggml_new_graph(gctx);
-    ggml_build_forward_expand(gf, y);
+    ggml_build_forward_expand(gf, y_out);
 
     ggml_backend_t       backends[2] = { remote, cpu };
     ggml_backend_sched_t sched       = ggml_backend_sched_new(backends, nullptr, 2, 64, false, true);
@@ -89,56 +90,50 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "graph-run-check: cannot allocate the graph\n");
         return 1;
     }
-    if (ggml_backend_sched_get_tensor_backend(sched, y) != remote) {
+    if (ggml_backend_sched_get_tensor_backend(sched, y_out) != remote) {
         fprintf(stderr, "graph-run-check: the graph was not placed on %s\n", argv[1]);
         return 1;
     }
 
-    // Where the output is read to: plain memory, or the device's host buffer (llama.cpp's output buffer).
-    std::vector<float>    plain(N);
-    float *               yv   = plain.data();
-    ggml_backend_buffer_t hbuf = nullptr;
-    if (to_host) {
-        ggml_backend_buffer_type_t hbuft = ggml_backend_dev_host_buffer_type(dev);
-        hbuf = hbuft ? ggml_backend_buft_alloc_buffer(hbuft, sizeof(float) * N) : nullptr;
-        if (!hbuf) {
-            fprintf(stderr, "graph-run-check: %s has no host buffer type\n", argv[1]);
-            return 1;
-        }
-        yv = (float *) ggml_backend_buffer_get_base(hbuf);
-        printf("graph-run-check: output read into a %s buffer\n", ggml_backend_buft_name(hbuft));
-    }
-
     int bad = 0;
-    std::vector<float> xv(N);
-    for (int t = 0; t < tokens; t++) {
-        for (int i = 0; i < N; i++) {
-            xv[i] = value(i, 3 + t);
+    std::vector<float> xv(2 * N), out(2 * N);  // a pair's two inputs and two outputs (ubatches)
+    auto check = [&](int t, const float * x, const float * y) {
+        for (int r = 0; r < N; r++) {
+            double acc = bv[r];
+            for (int c = 0; c < N; c++) {
+                acc += (double) wv[r * N + c] * x[c];
+            }
+            const double want = 0.5 * (acc > 0 ? acc : 0);
+            if (std::fabs(want - y[r]) > 1e-3 * (1 + std::fabs(want))) {
+                if (bad++ < 5) {
+                    fprintf(stderr, "token %d row %d: %f, want %f\n", t, r, y[r], want);
+                }
+            }
         }
-        ggml_backend_tensor_set(x, xv.data(), 0, sizeof(float) * N);
+    };
+    for (int t = 0; t < tokens; t++) {
+        const int half = ubatches ? t % 2 : 0;
+        float *   x    = xv.data() + half * N;
+        float *   y    = out.data() + half * N;
+        for (int i = 0; i < N; i++) {
+            x[i] = value(i, 3 + t);
+        }
+        ggml_backend_tensor_set(x_in, x, 0, sizeof(float) * N);
         if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
             fprintf(stderr, "graph-run-check: compute failed at token %d\n", t);
             return 1;
         }
-        ggml_backend_tensor_get(y, yv, 0, sizeof(float) * N);
-        for (int r = 0; r < N; r++) {
-            double acc = bv[r];
-            for (int c = 0; c < N; c++) {
-                acc += (double) wv[r * N + c] * xv[c];
-            }
-            const double want = 0.5 * (acc > 0 ? acc : 0);
-            if (std::fabs(want - yv[r]) > 1e-3 * (1 + std::fabs(want))) {
-                if (bad++ < 5) {
-                    fprintf(stderr, "token %d row %d: %f, want %f\n", t, r, yv[r], want);
-                }
+        ggml_backend_tensor_get(y_out, y, 0, sizeof(float) * N);
+        if (!ubatches) {
+            check(t, x, y);
+        } else if (half == 1 || t == tokens - 1) {  // the pair is done: both halves still hold their own
+            for (int h = 0; h <= half; h++) {
+                check(t - half + h, xv.data() + h * N, out.data() + h * N);
             }
         }
     }
     printf("graph-run-check: %d tokens on %s, %d wrong values\n", tokens, argv[1], bad);
 
-    if (hbuf) {
-        ggml_backend_buffer_free(hbuf);
-    }
     ggml_backend_sched_free(sched);
     ggml_free(gctx);
     ggml_backend_buffer_free(wbuf);
