@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,14 +42,18 @@ if str(REPO) not in sys.path:
 from provision.cli.output import table  # noqa: E402
 from provision.core.errors import (  # noqa: E402
     BenchGateFailed,
+    GpuNotSupported,
     HostToolsMissing,
     InvalidValue,
     ProvisionError,
     exit_as_cli,
 )
+from provision.hosts.linux.vtest import server as vtest_server  # noqa: E402
 from provision.hosts.linux.vtest import venus as vtest  # noqa: E402
 
 PROMPT = "t1 t2 t3"
+FENCE_PROBE = REPO / "checks" / "venus-vtest" / "fence-wait.c"
+FENCE_PROGRAM = "usr/bin/krun-fence-wait"  # where a staged tree keeps it
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EVAL = re.compile(r"\beval time =\s+[\d.]+ ms /\s+(\d+) runs")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -249,7 +254,109 @@ class Run:
         r = self.client(vtest.COMPLETION, args, via_venus, self.timeout)
         runs = [int(x) for x in _EVAL.findall(r["stderr"])]
         text = ANSI.sub("", r["stdout"]).strip()
-        return {"text": text, "eval_runs": runs[-1] if runs else 0, "device": r["device"], "driver": r["driver"]}
+        # The stderr's end goes with it: a run that ends short says why there (the gate quotes it).
+        return {"text": text, "eval_runs": runs[-1] if runs else 0, "device": r["device"], "driver": r["driver"],
+                "stderr_tail": ANSI.sub("", r["stderr"])[-1200:]}
+
+    def fence_wait(self, program: str, via_venus: bool, iterations: int) -> dict[str, Any]:
+        """checks/venus-vtest/fence-wait: one small transfer submitted and waited for, blocking and by
+        polling, medians in microseconds; its device checked as llama.cpp's is."""
+        env = {**vtest.client_env(self.place, via_venus)}
+        argv, full_env = self.place.command(program, [str(iterations)], env)
+        try:
+            proc = subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=self.timeout,
+                                  cwd=self.place.cwd(), check=False)
+        except subprocess.TimeoutExpired:
+            raise HostToolsMissing(f"fence-wait did not finish in {self.timeout:.0f} s "
+                                   f"({'Venus' if via_venus else 'native'})",
+                                   fix="read the vtest server's log; a dispatch error there leaves the client waiting"
+                                   ) from None
+        if proc.returncode != 0:
+            raise HostToolsMissing(f"fence-wait exited {proc.returncode} ({'Venus' if via_venus else 'native'}): "
+                                   f"{proc.stderr[-1500:]}", fix="read the error above and the vtest server's log")
+        rec = json.loads(proc.stdout.strip().splitlines()[-1])
+        driver, word = vtest.TARGETS[self.target]
+        ok = (rec["driver"] == "venus" and rec["device"].startswith("Virtio-GPU Venus (") and word in rec["device"]) \
+            if via_venus else (rec["driver"] == driver and word in rec["device"] and "Venus" not in rec["device"])
+        if not ok:
+            raise GpuNotSupported(f"fence-wait ran on {rec['device']!r} (driver {rec['driver']!r}), not {self.target}"
+                                  + (" behind Venus" if via_venus else ""),
+                                  fix="check VK_DRIVER_FILES and the vtest server's log")
+        return rec
+
+
+# strace's line for a write of one vtest header (two little-endian u32: length, command), and the
+# connect that names the socket's descriptor.
+_WRITE8 = re.compile(r'^\d+\s+write\((\d+), "((?:\\x[0-9a-f]{2}){8})", 8\) = 8$', re.M)
+_CONNECT = re.compile(r'^\d+\s+connect\((\d+), \{sa_family=AF_UNIX, sun_path="([^"]*)"\}', re.M)
+
+
+def _unescape(text: str) -> bytes:
+    """A string as strace -xx prints it (every byte \\xHH) back to its bytes."""
+    return bytes(int(h, 16) for h in text.split("\\x")[1:]) if text.startswith("\\x") else text.encode()
+
+
+def vtest_commands(trace: str, socket: str, names: Mapping[int, str]) -> dict[str, int]:
+    """The vtest commands a client sent, by name, from ``strace -f -xx -s 8 -e trace=connect,write``:
+    every header is its own 8-byte write on the socket (Mesa's vn_renderer_vtest writes it apart
+    from its payload); a descriptor counts from its connect to ``socket``."""
+    fds = {m.group(1) for m in _CONNECT.finditer(trace) if _unescape(m.group(2)) == socket.encode()}
+    counts: dict[str, int] = {}
+    for m in _WRITE8.finditer(trace):
+        if m.group(1) not in fds:
+            continue
+        raw = _unescape(m.group(2))
+        name = names.get(int.from_bytes(raw[4:], "little"))
+        if name is not None:
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def count_commands(run: Run, tg: Sequence[str], names: Mapping[int, str]) -> dict[str, float]:
+    """vtest commands per decoded token through Venus: llama-bench tg at N and 3N tokens (one
+    repetition each) under strace, the difference over 2N. Counts, not times (strace slows it)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        raise HostToolsMissing("--commands needs strace", fix="apt-get install strace (scripts/setup-debian does)")
+    n = int(tg[tg.index("-n") + 1])
+    got = {}
+    for tokens in (n, 3 * n):
+        trace = run.log_dir / f"strace-tg{tokens}.txt"
+        args = ["-m", run.place.path(run.model), "-dev", "Vulkan0", "-ngl", "99", "-p", "0", "-n", str(tokens),
+                "-r", "1", "-o", "jsonl"]
+        env = {**run.extra_env, **vtest.client_env(run.place, True)}
+        argv, full_env = run.place.command(vtest.LLAMA_BENCH, args, env)
+        proc = subprocess.run([strace, "-f", "-xx", "-s", "8", "-e", "trace=connect,write", "-o", str(trace), *argv],
+                              env=full_env, capture_output=True, text=True, cwd=run.place.cwd(),
+                              timeout=run.timeout, check=False)
+        if proc.returncode != 0:
+            raise HostToolsMissing(f"llama-bench under strace exited {proc.returncode}: {proc.stderr[-1500:]}",
+                                   fix="read the error above and the vtest server's log")
+        vtest.expect(proc.stderr, run.target, True)
+        got[tokens] = vtest_commands(trace.read_text(errors="replace"), run.place.socket, names)
+        trace.unlink()
+    if not got[n].get("SUBMIT_CMD2"):
+        raise HostToolsMissing(f"no SUBMIT_CMD2 seen on {run.place.socket} under strace: {got[n]}",
+                               fix="the client must reach the server over vtest (VTEST_SOCKET_NAME)")
+    return {k: round((got[3 * n].get(k, 0) - got[n].get(k, 0)) / (2 * n), 2)
+            for k in sorted(set(got[n]) | set(got[3 * n]))}
+
+
+def build_fence_probe(out: Path) -> Path:
+    """The probe, compiled here against the system's Vulkan headers (libvulkan-dev); it runs inside
+    the sid chroot or a staged tree, whose glibc is newer."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not Path("/usr/include/vulkan/vulkan.h").is_file():
+        raise HostToolsMissing("the fence probe needs a C compiler and the Vulkan headers",
+                               fix="bash scripts/setup-debian (gcc, libvulkan-dev)")
+    tmp = out.with_name(out.name + ".partial")
+    proc = subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(FENCE_PROBE), "-lvulkan"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise HostToolsMissing(f"compiling {FENCE_PROBE.name} failed: {proc.stderr[-1500:]}",
+                               fix="read the compiler's error above")
+    os.replace(tmp, out)
+    return out
 
 
 def per_token(one: Mapping[str, Any], many: Mapping[str, Any], tokens: int) -> dict[str, Any]:
@@ -306,8 +413,15 @@ def render(report: Mapping[str, Any]) -> str:
             if isinstance(v, dict) and "cpu_us" in v))
         for role, states in prof.get("samples", {}).items():
             lines.append(f"  {role} threads sampled: " + ", ".join(f"{k} {n}" for k, n in list(states.items())[:6]))
+        if "commands_per_token" in r["venus"]:
+            lines.append(f"{test} through Venus, vtest commands per token: " + ", ".join(
+                f"{k} {v}" for k, v in r["venus"]["commands_per_token"].items() if v))
         if "vn_perf" in r:
             lines.append(f"{test} VN_PERF: " + ", ".join(f"{k} {v} t/s" for k, v in r["vn_perf"].items()))
+    f = report.get("fence_wait") or {}
+    if f:
+        lines.append("one small transfer, submitted and waited for (median us): " + "; ".join(
+            f"{name} {r['wait_us']} blocking, {r['poll_us']} polling" for name, r in f.items()))
     g = report["greedy"]
     lines.append(f"greedy {g['tokens']} tokens: {'same' if g['same'] else 'DIFFERENT'} text natively and through Venus")
     return "\n".join(lines)
@@ -316,7 +430,6 @@ def render(report: Mapping[str, Any]) -> str:
 def server_root(tarball: Path | None) -> Path:
     """The host-tools chroot with the patched vtest server built in it."""
     from provision.core import pins
-    from provision.hosts.linux.vtest import server as vtest_server
 
     if tarball is None:
         name = pins.default().require(vtest_server.PIN, purpose="the vtest server")["upstream_tarball"]
@@ -355,11 +468,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ggml-env", action="append", default=[], metavar="GGML_VK_NAME=VALUE",
                    help="a ggml-vulkan setting for both sides, e.g. GGML_VK_DISABLE_HOST_VISIBLE_VIDMEM=1")
     p.add_argument("--client-timeout", type=float, default=600, help="seconds one llama.cpp process may take")
+    p.add_argument("--commands", action="store_true",
+                   help="count the vtest commands per decoded token through Venus (strace; counts, not times)")
+    p.add_argument("--fence-iterations", type=int, default=300,
+                   help="small transfers the fence probe waits for each way (checks/venus-vtest/fence-wait.c)")
     p.add_argument("--json", type=Path, help="write the report here too")
     args = p.parse_args(argv)
     if args.repetitions < 2:
         raise InvalidValue("--repetitions must be at least 2 (the per-token cost is a difference)",
                            fix="-r 3 or more")
+    if not 2 <= args.fence_iterations <= 100000:
+        raise InvalidValue(f"--fence-iterations {args.fence_iterations}: must be 2..100000",
+                           fix="--fence-iterations 300")
     if min(args.n_prompt, args.n_gen, args.greedy) < 1:
         raise InvalidValue("-p, -n and --greedy must be at least 1", fix="-p 512 -n 128 --greedy 12")
     flags = [f for f in args.vn_perf.split(",") if f]
@@ -373,7 +493,10 @@ def main(argv: list[str] | None = None) -> int:
             raise InvalidValue(f"--ggml-env {item!r}: not GGML_VK_NAME=VALUE", fix="--ggml-env GGML_VK_DISABLE_F16=1")
         extra[name] = value
     if args.stage is not None:
-        vtest.stage(server_root(args.virgl_tar), args.stage.resolve(), log)
+        root = server_root(args.virgl_tar)
+        with tempfile.TemporaryDirectory(prefix="fence-probe-") as tmp:
+            probe = build_fence_probe(Path(tmp) / "fence-wait")
+            vtest.stage(root, args.stage.resolve(), log, extra={FENCE_PROGRAM: probe})
         return 0
     if args.model is None:
         from provision.models import store
@@ -393,21 +516,40 @@ def main(argv: list[str] | None = None) -> int:
             place = vtest.tree_place(args.tree.resolve(), work, model.parent, icd, os.environ)
         else:
             place = vtest.chroot_place(server_root(args.virgl_tar), work, model.parent, args.target)
+        if place.chroot:  # the work directory is the chroot's /vtest
+            build_fence_probe(work / "fence-wait")
+            probe = "vtest/fence-wait"
+        else:
+            probe = FENCE_PROGRAM
+            if not (place.root / probe).is_file():
+                raise HostToolsMissing(f"{place.root} has no {probe} (staged before the fence probe existed)",
+                                       fix="stage the tree again with `bench/venus_vtest.py --stage DIR`")
         run = Run(place, args.target, model, work, args.client_timeout)
         run.extra_env = extra
         results: dict[str, Any] = {}
+        fence: dict[str, Any] = {}
         greedy: dict[str, Any] = {}
         try:
             run.start_server()
             tests = {f"pp{args.n_prompt}": ["-p", str(args.n_prompt), "-n", "0"],
                      f"tg{args.n_gen}": ["-p", "0", "-n", str(args.n_gen)]}
+            for name, venus in (("native", False), ("venus", True)):
+                fence[name] = run.fence_wait(probe, venus, args.fence_iterations)
+                log(f"one small transfer {name}: waited for {fence[name]['wait_us']} us blocking, "
+                    f"{fence[name]['poll_us']} us polling (medians of {args.fence_iterations})")
             measure(run, tests, args.repetitions, flags, results)
+            if args.commands:
+                tg = f"tg{args.n_gen}"
+                per = count_commands(run, tests[tg], vtest_server.commands(place.root))
+                results[tg]["venus"]["commands_per_token"] = per
+                log(f"{tg} through Venus, vtest commands per token: {per}")
             for name, venus in (("native", False), ("venus", True)):
                 greedy[name] = run.greedy(venus, args.greedy)
         except ProvisionError as exc:
             if args.json:  # what was measured before the failure, with the failure
                 write_whole(args.json, json.dumps({"target": args.target, "model": str(model), "results": results,
-                                                   "greedy": greedy, "error": exc.as_dict(), "server_log_tail":
+                                                   "greedy": greedy, "fence_wait": fence,
+                                                   "error": exc.as_dict(), "server_log_tail":
                                                    server_tail(work)}, indent=1) + "\n")
             raise
         finally:
@@ -417,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
     same = greedy["native"]["text"] == greedy["venus"]["text"]
     report = {"target": args.target, "model": str(model), "repetitions": args.repetitions, "ggml_env": extra,
               "native_device": first["native"]["device"], "venus_device": first["venus"]["device"],
-              "results": results,
+              "results": results, "fence_wait": fence,
               "greedy": {"tokens": args.greedy, "prompt": PROMPT, "same": same, **greedy},
               "server_log_tail": server_log}
     print(render(report))
@@ -426,7 +568,9 @@ def main(argv: list[str] | None = None) -> int:
     generated = min(greedy["native"]["eval_runs"], greedy["venus"]["eval_runs"])
     if not same or generated < 1 or len(greedy["native"]["text"]) <= len(PROMPT):
         raise BenchGateFailed(f"greedy text natively {greedy['native']['text']!r} ({greedy['native']['eval_runs']} "
-                              f"evals), through Venus {greedy['venus']['text']!r} ({greedy['venus']['eval_runs']})",
+                              f"evals), through Venus {greedy['venus']['text']!r} ({greedy['venus']['eval_runs']})"
+                              f"\nnative stderr ends: {greedy['native']['stderr_tail']}"
+                              f"\nVenus stderr ends: {greedy['venus']['stderr_tail']}",
                               fix="the same build and model must give the same greedy tokens; compare the "
                               "devices named above")
     return 0

@@ -109,7 +109,8 @@ def test_per_token_is_the_difference_of_the_two_runs() -> None:
 
 
 def test_bad_input_is_a_coded_error_not_a_traceback() -> None:
-    for args in (["-r", "1"], ["--vn-perf", "x;rm"], ["--model", "/nonexistent.gguf"]):
+    for args in (["-r", "1"], ["--vn-perf", "x;rm"], ["--model", "/nonexistent.gguf"],
+                 ["--fence-iterations", "1"]):
         proc = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, check=False)
         assert proc.returncode != 0 and "E003" in proc.stderr and "fix:" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
@@ -123,7 +124,7 @@ def test_bad_input_is_a_coded_error_not_a_traceback() -> None:
 def test_lavapipe_through_venus_gives_the_same_greedy_tokens_as_natively(tmp_path: Path) -> None:
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, str(SCRIPT), "-p", "32", "-n", "8", "-r", "2", "--greedy", "12",
-                           "--work", str(tmp_path / "w"), "--json", str(out)],
+                           "--commands", "--work", str(tmp_path / "w"), "--json", str(out)],
                           capture_output=True, text=True, timeout=3000, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -140,3 +141,60 @@ def test_lavapipe_through_venus_gives_the_same_greedy_tokens_as_natively(tmp_pat
     assert g["venus"]["text"].replace("\u2581", " ").strip().startswith("t1 t2 t3")
     assert "ERROR_COMMAND_DISPATCH" not in report["server_log_tail"]
     assert "greedy 12 tokens: same" in proc.stdout
+    # The fence probe ran both ways on the devices asked for, and every one of its transfers landed
+    # (it exits non-zero otherwise); the times are the report's, not a gate.
+    fence = report["fence_wait"]
+    assert fence["native"]["driver"] == "llvmpipe" and fence["venus"]["driver"] == "venus"
+    assert all(r["iterations"] == 300 and r["wait_us"] > 0 and r["poll_us"] > 0 for r in fence.values())
+    assert "one small transfer, submitted and waited for" in proc.stdout
+    # Per decoded token the client submits through the socket (SUBMIT_CMD2) and waits on a vtest sync.
+    per = report["results"]["tg8"]["venus"]["commands_per_token"]
+    assert per["SUBMIT_CMD2"] >= 1 and per.get("SYNC_WAIT", 0) + per.get("SYNC_READ", 0) >= 1, per
+    assert "tg8 through Venus, vtest commands per token: " in proc.stdout
+
+
+
+def test_vtest_commands_are_named_from_the_pinned_header_and_counted_on_the_socket_only(tmp_path: Path) -> None:
+    import tarfile
+
+    pin = pins_mod.default().require(vtest_server.PIN, purpose="test")
+    tarball = REPO.parent / "shared" / "upstream" / str(pin["upstream_tarball"])
+    with tarfile.open(tarball) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/vtest/vtest_protocol.h"))
+        header = tar.extractfile(member)
+        assert header is not None
+        text = header.read()
+    kept = tmp_path / vtest_server.PROTOCOL_HEADER
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(text)
+    names = vtest_server.commands(tmp_path)
+    by_name = {v: k for k, v in names.items()}
+    assert by_name["SUBMIT_CMD2"] > by_name["SYNC_WAIT"] > by_name["SYNC_READ"] > 1 and len(names) > 20
+
+    def escaped(raw: bytes) -> str:  # as strace -xx prints a string: every byte \xHH
+        return "".join(f"\\x{b:02x}" for b in raw)
+
+    def hdr(fd: int, length: int, cmd: int) -> str:
+        return f'7 write({fd}, "{escaped(length.to_bytes(4, "little") + cmd.to_bytes(4, "little"))}", 8) = 8'
+    venus_sock = escaped(b"/vtest/venus.sock")
+    trace = "\n".join([
+        f'7 connect(5, {{sa_family=AF_UNIX, sun_path="{venus_sock}"}}, 110) = 0',
+        '7 connect(6, {sa_family=AF_UNIX, sun_path="/run/other.sock"}, 110) = 0',
+        hdr(5, 18, by_name["SUBMIT_CMD2"]), hdr(5, 5, by_name["SYNC_WAIT"]), hdr(5, 18, by_name["SUBMIT_CMD2"]),
+        hdr(6, 18, by_name["SUBMIT_CMD2"]),  # another socket: not counted
+        hdr(9, 1, by_name["SYNC_READ"]),     # a descriptor never connected there: not counted
+        hdr(5, 1, 999),                      # not a command number
+    ])
+    assert mod_counts(trace, names) == {"SUBMIT_CMD2": 2, "SYNC_WAIT": 1}
+
+
+def mod_counts(trace: str, names: dict[int, str]) -> dict[str, int]:
+    return load().vtest_commands(trace, "/vtest/venus.sock", names)
+
+
+def test_a_missing_protocol_header_is_a_coded_error(tmp_path: Path) -> None:
+    from provision.core.errors import HostToolsMissing
+
+    with pytest.raises(HostToolsMissing) as err:
+        vtest_server.commands(tmp_path)
+    assert "vtest_protocol.h" in str(err.value) and err.value.fix

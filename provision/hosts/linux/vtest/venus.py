@@ -197,9 +197,12 @@ def tree_place(root: Path, work: Path, model_dir: Path, native_icd: str, base_en
     return Place(root, False, work, model_dir, native_icd, env)
 
 
-def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object]:
+def stage(root: Path, out: Path, log: Callable[[str], None],
+          extra: Mapping[str, Path] | None = None) -> dict[str, object]:
     """The vtest programs of the chroot at ``root`` with their libraries and loader, in ``out``
-    (made whole: staged beside it, then renamed). No Mesa driver but venus: the host brings its own."""
+    (made whole: staged beside it, then renamed). No Mesa driver but venus: the host brings its own.
+    ``extra``: programs built outside the chroot (tree path -> file), started the same way; their
+    libraries must be among the chroot programs' (the fence probe needs libvulkan only)."""
     if out.exists():
         raise HostToolsMissing(f"{out} exists", fix="remove it or name another directory")
     tmp = out.with_name(f".{out.name}.partial")
@@ -228,10 +231,17 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
         src = bundle._resolve(root, rel)
         if src is not None and not (lib / PurePosixPath(rel).name).exists():
             shutil.copyfile(src, lib / PurePosixPath(rel).name)
+    sources: dict[str, Path] = {}
     for rel, built_at in programs.items():
         src = bundle._resolve(root, built_at)
         if src is None:
             raise HostToolsMissing(f"{rel} is missing in {root}", fix=REBUILD)
+        sources[rel] = src
+    for rel, src in (extra or {}).items():
+        if rel in sources or not src.is_file():
+            raise HostToolsMissing(f"cannot stage {src} as {rel}", fix="name a built file and a new tree path")
+        sources[rel] = src
+    for rel, src in sources.items():
         real = f"{bundle.REAL}/{PurePosixPath(rel).name}"
         (tmp / real).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, tmp / real)
@@ -239,11 +249,14 @@ def stage(root: Path, out: Path, log: Callable[[str], None]) -> dict[str, object
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(bundle.wrapper(real, "render-server", len(PurePosixPath(rel).parts) - 1))
         script.chmod(0o755)
+    header = tmp / vtest_server.PROTOCOL_HEADER  # the command names, for bench/venus_vtest.py --commands
+    header.parent.mkdir(parents=True)
+    shutil.copyfile(root / vtest_server.PROTOCOL_HEADER, header)
     icd = tmp / TREE_VENUS_ICD
     icd.parent.mkdir(parents=True)
     icd.write_text(bundle.icd_manifest(VENUS_LIB, len(PurePosixPath(TREE_VENUS_ICD).parts) - 1))
     size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file())
-    manifest: dict[str, object] = {"programs": list(PROGRAMS), "libraries": len(libs), "backends": backends,
+    manifest: dict[str, object] = {"programs": list(sources), "libraries": len(libs), "backends": backends,
                                    "bytes": size}
     (tmp / STAGE_STAMP).write_text(json.dumps(manifest, indent=1) + "\n")
     tmp.rename(out)
