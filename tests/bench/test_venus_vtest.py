@@ -198,3 +198,24 @@ def test_a_missing_protocol_header_is_a_coded_error(tmp_path: Path) -> None:
     with pytest.raises(HostToolsMissing) as err:
         vtest_server.commands(tmp_path)
     assert "vtest_protocol.h" in str(err.value) and err.value.fix
+
+
+def test_a_greedy_run_whose_log_was_cut_short_at_exit_runs_again_and_says_so(tmp_path: Path) -> None:
+    mod = load()
+    place = vtest.Place(tmp_path / "root", True, tmp_path, tmp_path, "/icd.json")
+    run = mod.Run(place, "lavapipe", tmp_path / "m.gguf", tmp_path)
+    done = "llama_perf_context_print:        eval time =      20.25 ms /    11 runs\n"
+    logs = iter(["common_perf_print:    samplers time =       0.10 ms /    28 tokens\n", done])
+    calls: list[bool] = []
+
+    def client(program: str, args: list[str], via_venus: bool, timeout: float) -> dict[str, object]:
+        calls.append(via_venus)
+        return {"stdout": "t1 t2 t3 w4", "stderr": next(logs), "device": "d", "driver": "venus"}
+
+    run.client = client  # type: ignore[method-assign]
+    got = run.greedy(True, 12)
+    assert calls == [True, True] and got["attempts"] == 2 and got["eval_runs"] == 11
+    # never more than asked: a log always cut short is reported as such (0 runs), not retried forever
+    logs = iter(["cut\n"] * 5)
+    got = run.greedy(True, 12, attempts=3)
+    assert got["attempts"] == 3 and got["eval_runs"] == 0 and len(calls) == 5
