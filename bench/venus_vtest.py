@@ -48,7 +48,6 @@ from provision.core.errors import (  # noqa: E402
     ProvisionError,
     exit_as_cli,
 )
-from provision.hosts.linux.vtest import server as vtest_server  # noqa: E402
 from provision.hosts.linux.vtest import venus as vtest  # noqa: E402
 
 PROMPT = "t1 t2 t3"
@@ -295,59 +294,35 @@ class Run:
         return rec
 
 
-# strace's line for a write of one vtest header (two little-endian u32: length, command), and the
-# connect that names the socket's descriptor.
-_WRITE8 = re.compile(r'^\d+\s+write\((\d+), "((?:\\x[0-9a-f]{2}){8})", 8\) = 8$', re.M)
-_CONNECT = re.compile(r'^\d+\s+connect\((\d+), \{sa_family=AF_UNIX, sun_path="([^"]*)"\}', re.M)
+# The server's line when a client leaves (patches/virglrenderer/vtest-count-commands.patch).
+_COMMANDS = re.compile(r"^client: commands((?: [A-Z0-9_]+=\d+)*)$", re.M)
 
 
-def _unescape(text: str) -> bytes:
-    """A string as strace -xx prints it (every byte \\xHH) back to its bytes."""
-    return bytes(int(h, 16) for h in text.split("\\x")[1:]) if text.startswith("\\x") else text.encode()
+def client_commands(server_log: str) -> list[dict[str, int]]:
+    """Each departed client's vtest commands, by name, in the order they left."""
+    return [{k: int(v) for k, v in (item.split("=") for item in m.group(1).split())}
+            for m in _COMMANDS.finditer(server_log)]
 
 
-def vtest_commands(trace: str, socket: str, names: Mapping[int, str]) -> dict[str, int]:
-    """The vtest commands a client sent, by name, from ``strace -f -xx -s 8 -e trace=connect,write``:
-    every header is its own 8-byte write on the socket (Mesa's vn_renderer_vtest writes it apart
-    from its payload); a descriptor counts from its connect to ``socket``."""
-    fds = {m.group(1) for m in _CONNECT.finditer(trace) if _unescape(m.group(2)) == socket.encode()}
-    counts: dict[str, int] = {}
-    for m in _WRITE8.finditer(trace):
-        if m.group(1) not in fds:
-            continue
-        raw = _unescape(m.group(2))
-        name = names.get(int.from_bytes(raw[4:], "little"))
-        if name is not None:
-            counts[name] = counts.get(name, 0) + 1
-    return counts
-
-
-def count_commands(run: Run, tg: Sequence[str], names: Mapping[int, str]) -> dict[str, float]:
+def count_commands(run: Run, tg: Sequence[str], wait_s: float = 10.0) -> dict[str, float]:
     """vtest commands per decoded token through Venus: llama-bench tg at N and 3N tokens (one
-    repetition each) under strace, the difference over 2N. Counts, not times (strace slows it)."""
-    strace = shutil.which("strace")
-    if strace is None:
-        raise HostToolsMissing("--commands needs strace", fix="apt-get install strace (scripts/setup-debian does)")
+    repetition each), each client's commands as the server counted them when it left, the
+    difference over 2N."""
     n = int(tg[tg.index("-n") + 1])
+    log_file = run.log_dir / "vtest-server.log"
     got = {}
     for tokens in (n, 3 * n):
-        trace = run.log_dir / f"strace-tg{tokens}.txt"
-        args = ["-m", run.place.path(run.model), "-dev", "Vulkan0", "-ngl", "99", "-p", "0", "-n", str(tokens),
-                "-r", "1", "-o", "jsonl"]
-        env = {**run.extra_env, **vtest.client_env(run.place, True)}
-        argv, full_env = run.place.command(vtest.LLAMA_BENCH, args, env)
-        proc = subprocess.run([strace, "-f", "-xx", "-s", "8", "-e", "trace=connect,write", "-o", str(trace), *argv],
-                              env=full_env, capture_output=True, text=True, cwd=run.place.cwd(),
-                              timeout=run.timeout, check=False)
-        if proc.returncode != 0:
-            raise HostToolsMissing(f"llama-bench under strace exited {proc.returncode}: {proc.stderr[-1500:]}",
-                                   fix="read the error above and the vtest server's log")
-        vtest.expect(proc.stderr, run.target, True)
-        got[tokens] = vtest_commands(trace.read_text(errors="replace"), run.place.socket, names)
-        trace.unlink()
-    if not got[n].get("SUBMIT_CMD2"):
-        raise HostToolsMissing(f"no SUBMIT_CMD2 seen on {run.place.socket} under strace: {got[n]}",
-                               fix="the client must reach the server over vtest (VTEST_SOCKET_NAME)")
+        before = len(client_commands(log_file.read_text(errors="replace")))
+        run.client(vtest.LLAMA_BENCH, ["-m", run.place.path(run.model), "-dev", "Vulkan0", "-ngl", "99", "-p", "0",
+                                       "-n", str(tokens), "-r", "1", "-o", "jsonl"], True, run.timeout)
+        deadline = time.monotonic() + wait_s  # the server sees the disconnect on its next poll
+        while len(seen := client_commands(log_file.read_text(errors="replace"))) <= before:
+            if time.monotonic() > deadline:
+                raise HostToolsMissing(f"the vtest server logged no command counts for the tg{tokens} client "
+                                       f"in {wait_s:.0f} s: {server_tail(run.log_dir)[-1500:]}",
+                                       fix="the server needs vtest-count-commands.patch and VTEST_COUNT_COMMANDS=1")
+            time.sleep(0.05)
+        got[tokens] = seen[before]
     return {k: round((got[3 * n].get(k, 0) - got[n].get(k, 0)) / (2 * n), 2)
             for k in sorted(set(got[n]) | set(got[3 * n]))}
 
@@ -440,6 +415,7 @@ def render(report: Mapping[str, Any]) -> str:
 def server_root(tarball: Path | None) -> Path:
     """The host-tools chroot with the patched vtest server built in it."""
     from provision.core import pins
+    from provision.hosts.linux.vtest import server as vtest_server
 
     if tarball is None:
         name = pins.default().require(vtest_server.PIN, purpose="the vtest server")["upstream_tarball"]
@@ -479,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="a ggml-vulkan setting for both sides, e.g. GGML_VK_DISABLE_HOST_VISIBLE_VIDMEM=1")
     p.add_argument("--client-timeout", type=float, default=600, help="seconds one llama.cpp process may take")
     p.add_argument("--commands", action="store_true",
-                   help="count the vtest commands per decoded token through Venus (strace; counts, not times)")
+                   help="count the vtest commands per decoded token through Venus, as the server received them")
     p.add_argument("--fence-iterations", type=int, default=300,
                    help="small transfers the fence probe waits for each way (checks/venus-vtest/fence-wait.c)")
     p.add_argument("--json", type=Path, help="write the report here too")
@@ -550,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
             measure(run, tests, args.repetitions, flags, results)
             if args.commands:
                 tg = f"tg{args.n_gen}"
-                per = count_commands(run, tests[tg], vtest_server.commands(place.root))
+                per = count_commands(run, tests[tg])
                 results[tg]["venus"]["commands_per_token"] = per
                 log(f"{tg} through Venus, vtest commands per token: {per}")
             for name, venus in (("native", False), ("venus", True)):

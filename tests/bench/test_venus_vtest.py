@@ -90,7 +90,8 @@ def test_the_server_is_built_with_every_patch_its_pin_lists_and_rebuilt_when_one
     pins = pins_mod.default()
     pin = pins.require(vtest_server.PIN, purpose="the vtest server")
     applied = vtest_server.patches(pin)
-    assert [p.name for p in applied] == ["vtest-pass-opaque-blob-fd.patch", "venus-shm-backed-mappable-memory.patch"]
+    assert [p.name for p in applied] == ["vtest-pass-opaque-blob-fd.patch", "venus-shm-backed-mappable-memory.patch",
+                                         "vtest-count-commands.patch"]
     stamp = vtest_server.wanted(pins, pin)
     assert stamp["patches"] == [hashlib.sha256(p.read_bytes()).hexdigest() for p in applied]
     fewer = replace(pin, attrs={**pin.attrs, "patches": pin["patches"][:1]})
@@ -147,58 +148,33 @@ def test_lavapipe_through_venus_gives_the_same_greedy_tokens_as_natively(tmp_pat
     assert fence["native"]["driver"] == "llvmpipe" and fence["venus"]["driver"] == "venus"
     assert all(r["iterations"] == 300 and r["wait_us"] > 0 and r["poll_us"] > 0 for r in fence.values())
     assert "one small transfer, submitted and waited for" in proc.stdout
-    # Per decoded token the client submits through the socket (SUBMIT_CMD2) and waits on a vtest sync.
+    # Per decoded token the client submits through the socket (SUBMIT_CMD2) and waits on a vtest sync,
+    # as the server counted them (vtest-count-commands.patch).
     per = report["results"]["tg8"]["venus"]["commands_per_token"]
-    assert per["SUBMIT_CMD2"] >= 1 and per.get("SYNC_WAIT", 0) + per.get("SYNC_READ", 0) >= 1, per
+    # (SYNC_READ, ggml's spin on the graph's fence, varies with load: before the first token too.)
+    assert per["SUBMIT_CMD2"] >= 1 and per.get("SYNC_WAIT", 0) + per.get("SYNC_WRITE", 0) >= 1, per
     assert "tg8 through Venus, vtest commands per token: " in proc.stdout
 
 
 
-def test_vtest_commands_are_named_from_the_pinned_header_and_counted_on_the_socket_only(tmp_path: Path) -> None:
-    import tarfile
-
-    pin = pins_mod.default().require(vtest_server.PIN, purpose="test")
-    tarball = REPO.parent / "shared" / "upstream" / str(pin["upstream_tarball"])
-    with tarfile.open(tarball) as tar:
-        member = next(m for m in tar.getmembers() if m.name.endswith("/vtest/vtest_protocol.h"))
-        header = tar.extractfile(member)
-        assert header is not None
-        text = header.read()
-    kept = tmp_path / vtest_server.PROTOCOL_HEADER
-    kept.parent.mkdir(parents=True)
-    kept.write_bytes(text)
-    names = vtest_server.commands(tmp_path)
-    by_name = {v: k for k, v in names.items()}
-    assert by_name["SUBMIT_CMD2"] > by_name["SYNC_WAIT"] > by_name["SYNC_READ"] > 1 and len(names) > 20
-
-    def escaped(raw: bytes) -> str:  # as strace -xx prints a string: every byte \xHH
-        return "".join(f"\\x{b:02x}" for b in raw)
-
-    def hdr(fd: int, length: int, cmd: int) -> str:
-        return f'7 write({fd}, "{escaped(length.to_bytes(4, "little") + cmd.to_bytes(4, "little"))}", 8) = 8'
-    venus_sock = escaped(b"/vtest/venus.sock")
-    trace = "\n".join([
-        f'7 connect(5, {{sa_family=AF_UNIX, sun_path="{venus_sock}"}}, 110) = 0',
-        '7 connect(6, {sa_family=AF_UNIX, sun_path="/run/other.sock"}, 110) = 0',
-        hdr(5, 18, by_name["SUBMIT_CMD2"]), hdr(5, 5, by_name["SYNC_WAIT"]), hdr(5, 18, by_name["SUBMIT_CMD2"]),
-        hdr(6, 18, by_name["SUBMIT_CMD2"]),  # another socket: not counted
-        hdr(9, 1, by_name["SYNC_READ"]),     # a descriptor never connected there: not counted
-        hdr(5, 1, 999),                      # not a command number
-    ])
-    assert mod_counts(trace, names) == {"SUBMIT_CMD2": 2, "SYNC_WAIT": 1}
+def test_each_departed_clients_commands_are_read_from_the_server_log_in_order() -> None:
+    mod = load()
+    log = ("vtest_client_dispatch_commands: client context created.\n"
+           "client: VTEST_CLIENT_DISCONNECTED\n"
+           "client: commands GET_CAPSET=1 SYNC_READ=40 SUBMIT_CMD2=12\n"
+           "client: commands\n"                     # a client that sent nothing after CREATE_RENDERER
+           "client: commands SUBMIT_CMD2=x\n"        # not a count: not a line of ours
+           "client: commands SYNC_WAIT=3 SUBMIT_CMD2=30\n")
+    assert mod.client_commands(log) == [{"GET_CAPSET": 1, "SYNC_READ": 40, "SUBMIT_CMD2": 12}, {},
+                                        {"SYNC_WAIT": 3, "SUBMIT_CMD2": 30}]
 
 
-def mod_counts(trace: str, names: dict[int, str]) -> dict[str, int]:
-    return load().vtest_commands(trace, "/vtest/venus.sock", names)
-
-
-def test_a_missing_protocol_header_is_a_coded_error(tmp_path: Path) -> None:
-    from provision.core.errors import HostToolsMissing
-
-    with pytest.raises(HostToolsMissing) as err:
-        vtest_server.commands(tmp_path)
-    assert "vtest_protocol.h" in str(err.value) and err.value.fix
-
+def test_the_server_counts_commands_only_where_asked() -> None:
+    # The counting is our patch's and gated by the variable: the bench's server sets it.
+    patch = (REPO / "patches" / "virglrenderer" / "vtest-count-commands.patch").read_text()
+    assert 'getenv("VTEST_COUNT_COMMANDS")' in patch and "client: commands" in patch
+    place = vtest.Place(Path("/r"), True, Path("/w"), Path("/m"), "/icd.json")
+    assert vtest.server_env(place)["VTEST_COUNT_COMMANDS"] == "1"
 
 def test_a_greedy_run_whose_log_was_cut_short_at_exit_runs_again_and_says_so(tmp_path: Path) -> None:
     mod = load()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import shlex
 import shutil
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from provision.adapters.chroot import Chroot
 from provision.apir import virglrenderer as virgl_apir
 from provision.core import layout, locks, paths
 from provision.core import pins as pins_mod
-from provision.core.errors import BuildFailed, HostToolsMissing
+from provision.core.errors import BuildFailed
 from provision.hosts.linux.apir import host_side as apir_host
 from provision.hosts.linux.tools import host_tools
 
@@ -50,32 +49,6 @@ INSTALLED = {
     "usr/libexec/virgl_render_server": f"{PREFIX.relative_to('/')}/libexec/virgl_render_server",
 }
 LIB = f"{PREFIX.relative_to('/')}/lib"
-# The tree's vtest protocol header, kept beside the build: bench/venus_vtest.py --commands names the
-# commands a client sends from it (their numbers are upstream's, read there, never written here).
-PROTOCOL_HEADER = f"{PREFIX.relative_to('/')}/share/krun-gpu/vtest_protocol.h"
-_VCMD = re.compile(r"^#define\s+VCMD_([A-Z0-9_]+)\s+(\d+)\s*$", re.M)
-
-
-def commands(root: Path) -> dict[int, str]:
-    """Command number -> name (VCMD_SYNC_WAIT -> "SYNC_WAIT") from the header the build kept in ``root``."""
-    header = root / PROTOCOL_HEADER
-    try:
-        text = header.read_text(encoding="utf-8")
-    except OSError:
-        raise HostToolsMissing(f"{header} is missing", fix="rebuild the vtest server: bench/venus_vtest.py does so "
-                               "when its stamp is out of date (provision host-tools --force)") from None
-    out: dict[int, str] = {}
-    # The command block comes first, numbered 1, 2, 3, ...; the sizes and field indices after it
-    # break the count, and end it.
-    for m in _VCMD.finditer(text):
-        name, number = m.group(1), int(m.group(2))
-        if number != len(out) + 1:
-            break
-        out[number] = name
-    if "SYNC_WAIT" not in out.values() or "SUBMIT_CMD2" not in out.values():
-        raise HostToolsMissing(f"{header}: no SYNC_WAIT or SUBMIT_CMD2 command among {sorted(out.values())}",
-                               fix="check the pinned virglrenderer tree's vtest/vtest_protocol.h")
-    return out
 
 
 def build_script(pin: pins_mod.SourcePin, jobs: int = 2) -> str:
@@ -86,7 +59,6 @@ def build_script(pin: pins_mod.SourcePin, jobs: int = 2) -> str:
         " ".join(shlex.quote(a) for a in virgl_apir.meson_setup_args(BUILD, pin, PREFIX)),
         f"ninja -C {BUILD} -j{int(jobs)}",
         f"ninja -C {BUILD} install",
-        f"install -D -m 0644 vtest/vtest_protocol.h /{PROTOCOL_HEADER}",
         *(f"test -x /{p}" for p in INSTALLED.values()),
     ])
 
@@ -99,7 +71,7 @@ def patches(pin: pins_mod.SourcePin) -> list[Path]:
 def wanted(pins: pins_mod.Pins, pin: pins_mod.SourcePin) -> dict[str, object]:
     return {"virgl": pin["rev"], "fixes": [f.commit for f in virgl_apir.fixes(pin)],
             "patches": [hashlib.sha256(p.read_bytes()).hexdigest() for p in patches(pin)],
-            "packages": apir_host.build_packages(pins), "keeps": [PROTOCOL_HEADER]}
+            "packages": apir_host.build_packages(pins)}
 
 
 def built(root: Path, pins: pins_mod.Pins | None = None) -> bool:

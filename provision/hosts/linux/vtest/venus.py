@@ -153,7 +153,9 @@ class Place:
 
 def server_env(place: Place) -> dict[str, str]:
     """The vtest server's environment: the render server it starts sees the host driver alone."""
-    env = {"VK_DRIVER_FILES": place.native_icd}
+    # VTEST_COUNT_COMMANDS: each client's commands, by name, in the log when it leaves (our patch
+    # vtest-count-commands.patch; bench/venus_vtest.py --commands reads them).
+    env = {"VK_DRIVER_FILES": place.native_icd, "VTEST_COUNT_COMMANDS": "1"}
     env["RENDER_SERVER_EXEC_PATH"] = (
         "/" + vtest_server.INSTALLED[RENDER_SERVER] if place.chroot else str(place.root / RENDER_SERVER))
     return env
@@ -249,9 +251,6 @@ def stage(root: Path, out: Path, log: Callable[[str], None],
         script.parent.mkdir(parents=True, exist_ok=True)
         script.write_text(bundle.wrapper(real, "render-server", len(PurePosixPath(rel).parts) - 1))
         script.chmod(0o755)
-    header = tmp / vtest_server.PROTOCOL_HEADER  # the command names, for bench/venus_vtest.py --commands
-    header.parent.mkdir(parents=True)
-    shutil.copyfile(root / vtest_server.PROTOCOL_HEADER, header)
     icd = tmp / TREE_VENUS_ICD
     icd.parent.mkdir(parents=True)
     icd.write_text(bundle.icd_manifest(VENUS_LIB, len(PurePosixPath(TREE_VENUS_ICD).parts) - 1))
