@@ -195,3 +195,33 @@ def test_a_greedy_run_whose_log_was_cut_short_at_exit_runs_again_and_says_so(tmp
     logs = iter(["cut\n"] * 5)
     got = run.greedy(True, 12, attempts=3)
     assert got["attempts"] == 3 and got["eval_runs"] == 0 and len(calls) == 5
+
+
+@pytest.mark.slow
+@pytest.mark.root
+# The lent machine runs a staged tree (--stage), not the chroot: here the same tree runs on this host's
+# own lavapipe (Debian 12's Mesa, mesa-vulkan-drivers), natively and behind the tree's render server,
+# so the device's path (wrappers, the tree's loader and libraries, the fence probe staged with them,
+# the server's command counts) is shown to work before device time is spent on it.
+def test_a_staged_tree_runs_the_bench_on_this_hosts_driver_as_on_the_lent_machine(tmp_path: Path) -> None:
+    from provision.models import store
+
+    tree = tmp_path / "tree"
+    staged = subprocess.run([sys.executable, str(SCRIPT), "--stage", str(tree)], capture_output=True, text=True,
+                            timeout=3000, check=False)
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    stamp = json.loads((tree / vtest.STAGE_STAMP).read_text())
+    assert "usr/bin/krun-fence-wait" in stamp["programs"]
+    assert not list(tree.rglob("libvulkan_lvp.so")), "the tree brings no driver but venus"
+    icd = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+    out = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--tree", str(tree), "--target", "lavapipe", "--native-icd",
+                           str(icd), "--model", str(store.ensure("tiny-llama")), "-p", "8", "-n", "4", "-r", "2",
+                           "--greedy", "4", "--commands", "--fence-iterations", "50", "--work", str(tmp_path / "w"),
+                           "--json", str(out)], capture_output=True, text=True, timeout=3000, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["native_device"].startswith("llvmpipe (LLVM 15")  # the host's, not the chroot's LLVM 22
+    assert report["venus_device"].startswith("Virtio-GPU Venus (llvmpipe (LLVM 15")
+    assert report["greedy"]["same"] and report["fence_wait"]["venus"]["driver"] == "venus"
+    assert report["results"]["tg4"]["venus"]["commands_per_token"]["SUBMIT_CMD2"] >= 1
