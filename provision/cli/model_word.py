@@ -56,7 +56,6 @@ def is_model(word: str, store: Store) -> bool:
 
 
 def _store(args: argparse.Namespace) -> Store:
-    from provision.core import pins
     from provision.models.store import Store
 
-    return Store.reading(args.app.settings.typed.cache / "models", pins.default())
+    return Store.reading(args.app.settings)

@@ -17,14 +17,13 @@ if TYPE_CHECKING:
 
 def model_defaults(ref: str, path: Path) -> ModelDefaults:
     """An ollama model's template and params (serve/model_defaults.py); nothing for a GGUF path."""
-    from provision.core import paths, pins
     from provision.models.store import Store
     from provision.serve import model_defaults as defaults
 
     if Path(ref).expanduser().is_file():
         return defaults.ModelDefaults()
-    # read only: a dry run asks this too, and it must make nothing
-    return defaults.for_model(Store.reading(paths.cache_root() / "models", pins.default()), ref, path)
+    # read only: a dry run asks this too, and it must make nothing (not even the cache's folder)
+    return defaults.for_model(Store.reading(), ref, path)
 
 
 def apply_defaults(options: ServerOptions, found: ModelDefaults) -> ServerOptions:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from provision.core import pins as pins_mod
 from provision.core.settings import Settings, current
 from provision.models import names, splits
 from provision.models.store import Store
@@ -15,7 +14,7 @@ def planned(typed: str, settings: Settings | None = None) -> Path:
     reference; a split model's part 1, where the run links its parts), else where the catalog's file will
     be once pulled or synthesized. Reads the store's refs only: no directory made, no lock taken, no
     request sent. A damaged ref or an unknown model is the run's own error (E010, E013)."""
-    store = Store.reading((settings or current()).typed.cache / "models", pins_mod.default())
+    store = Store.reading(settings or current())
     found = names.lookup(store, typed)
     ref = store.ref(found.name) if found.name is not None else None
     if ref is not None:

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 from provision.core import locks, outputs, paths
 from provision.core import pins as pins_mod
+from provision.core import settings as settings_mod
 from provision.core.errors import (
     BadModelName,
     DiskFull,
@@ -80,21 +81,19 @@ class VerifyResult:
 
 
 class Store:
-    def __init__(
-        self, root: Path | None = None, pins: pins_mod.Pins | None = None, *, out: TextIO | None = None
-    ) -> None:
+    def __init__(self, root: Path | None = None, pins: pins_mod.Pins | None = None, *,
+                 out: TextIO | None = None, create: bool = True) -> None:
         self.root = root or paths.cache_dir("models")
         self.pins = pins or pins_mod.default()
         self.out = out if out is not None else sys.stderr
-        for sub in ("blobs", "refs", "partial", "locks"):
-            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        if create:
+            for sub in ("blobs", "refs", "partial", "locks"):
+                (self.root / sub).mkdir(parents=True, exist_ok=True)
 
     @classmethod
-    def reading(cls, root: Path, pins: pins_mod.Pins) -> Store:
-        """The store at ``root`` for look-ups only (a dry run's plan): nothing made, not even its folders."""
-        store = cls.__new__(cls)
-        store.root, store.pins, store.out = root, pins, sys.stderr
-        return store
+    def reading(cls, given: settings_mod.Settings | None = None) -> Store:
+        """The settings' store for look-ups only (dry runs, completions): nothing made, not even its folder."""
+        return cls((given or settings_mod.current()).typed.cache / "models", create=False)
 
     # --- layout -------------------------------------------------------------------------------
 

@@ -244,3 +244,11 @@ def test_chat_sends_the_stop_strings_of_the_serve_it_talks_to(pulled: str, capsy
         capsys.readouterr()
         assert [r.get("stop") for r in ours.requests] == [registries.PARAMS["stop"]] * 3
         assert "stop" not in other.requests[0]
+
+
+def test_model_defaults_read_the_store_and_make_nothing_not_even_the_cache(empty_cache: Path) -> None:
+    # serve --dry-run asks for them too: an unknown model has none, and no folder appears on the way
+    from provision.cli.serve_model import model_defaults
+
+    found = model_defaults("ollama://nothing-here", Path("/nonexistent.gguf"))
+    assert found.chat_template is None and found.args == () and not empty_cache.exists()
