@@ -42,7 +42,6 @@ if str(REPO) not in sys.path:
 from provision.cli.output import table  # noqa: E402
 from provision.core.errors import (  # noqa: E402
     BenchGateFailed,
-    GpuNotSupported,
     HostToolsMissing,
     InvalidValue,
     ProvisionError,
@@ -53,6 +52,7 @@ from provision.hosts.linux.vtest import venus as vtest  # noqa: E402
 PROMPT = "t1 t2 t3"
 FENCE_PROBE = REPO / "checks" / "venus-vtest" / "fence-wait.c"
 FENCE_PROGRAM = "usr/bin/krun-fence-wait"  # where a staged tree keeps it
+SERVER_LOG = "vtest-server.log"  # in the work directory
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EVAL = re.compile(r"\beval time =\s+[\d.]+ ms /\s+(\d+) runs")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -175,7 +175,7 @@ class Run:
         sock = self.place.work / vtest.SOCKET
         sock.unlink(missing_ok=True)
         argv, env = self.place.command(vtest.SERVER, vtest.server_args(self.place), vtest.server_env(self.place))
-        self.server_log = (self.log_dir / "vtest-server.log").open("wb")
+        self.server_log = (self.log_dir / SERVER_LOG).open("wb")
         self.server = subprocess.Popen(argv, env=env, stdout=self.server_log, stderr=subprocess.STDOUT,
                                        cwd=self.place.work, start_new_session=True)
         for _ in range(100):
@@ -197,7 +197,9 @@ class Run:
                 self.server.wait()
 
     def client(self, program: str, args: Sequence[str], via_venus: bool, timeout: float, vn_perf: str = "",
-               sample: bool = False) -> dict[str, Any]:
+               sample: bool = False, llama: bool = True) -> dict[str, Any]:
+        """One client process, waited for; ``llama``: a llama.cpp program, whose device lines are checked
+        here (others check what they print themselves)."""
         if via_venus and (self.server is None or self.server.poll() is not None):
             raise HostToolsMissing(f"the vtest server is gone: {server_tail(self.log_dir)[-1500:]}",
                                    fix="read the server log named above")
@@ -229,7 +231,7 @@ class Run:
         if proc.returncode != 0:
             raise HostToolsMissing(f"{program} exited {proc.returncode} ({'Venus' if via_venus else 'native'}): "
                                    f"{err[-2000:]}", fix="read the error above and the vtest server's log")
-        dev = vtest.expect(err, self.target, via_venus)
+        dev = vtest.expect(err, self.target, via_venus) if llama else vtest.Device(0, "", "")
         return {"stdout": out, "stderr": err, "wall_s": wall, "device": dev.name, "driver": dev.driver,
                 "profile": sampler.totals() if sampler else {}, "states": sampler.states if sampler else {}}
 
@@ -269,28 +271,15 @@ class Run:
 
     def fence_wait(self, program: str, via_venus: bool, iterations: int) -> dict[str, Any]:
         """checks/venus-vtest/fence-wait: one small transfer submitted and waited for, blocking and by
-        polling, medians in microseconds; its device checked as llama.cpp's is."""
-        env = {**vtest.client_env(self.place, via_venus)}
-        argv, full_env = self.place.command(program, [str(iterations)], env)
+        polling, medians in microseconds; the device it names checked as llama.cpp's is."""
+        r = self.client(program, [str(iterations)], via_venus, self.timeout, llama=False)
         try:
-            proc = subprocess.run(argv, env=full_env, capture_output=True, text=True, timeout=self.timeout,
-                                  cwd=self.place.cwd(), check=False)
-        except subprocess.TimeoutExpired:
-            raise HostToolsMissing(f"fence-wait did not finish in {self.timeout:.0f} s "
-                                   f"({'Venus' if via_venus else 'native'})",
-                                   fix="read the vtest server's log; a dispatch error there leaves the client waiting"
-                                   ) from None
-        if proc.returncode != 0:
-            raise HostToolsMissing(f"fence-wait exited {proc.returncode} ({'Venus' if via_venus else 'native'}): "
-                                   f"{proc.stderr[-1500:]}", fix="read the error above and the vtest server's log")
-        rec = json.loads(proc.stdout.strip().splitlines()[-1])
-        driver, word = vtest.TARGETS[self.target]
-        ok = (rec["driver"] == "venus" and rec["device"].startswith("Virtio-GPU Venus (") and word in rec["device"]) \
-            if via_venus else (rec["driver"] == driver and word in rec["device"] and "Venus" not in rec["device"])
-        if not ok:
-            raise GpuNotSupported(f"fence-wait ran on {rec['device']!r} (driver {rec['driver']!r}), not {self.target}"
-                                  + (" behind Venus" if via_venus else ""),
-                                  fix="check VK_DRIVER_FILES and the vtest server's log")
+            rec: dict[str, Any] = json.loads(r["stdout"].strip().splitlines()[-1])
+            dev = vtest.Device(0, str(rec["device"]), str(rec["driver"]))
+        except (IndexError, ValueError, KeyError, TypeError):
+            raise HostToolsMissing(f"fence-wait printed no report: {r['stdout'][-500:]!r} {r['stderr'][-1000:]}",
+                                   fix=f"rebuild it from {FENCE_PROBE.relative_to(REPO)}") from None
+        vtest.check(dev, self.target, via_venus)
         return rec
 
 
@@ -309,12 +298,11 @@ def count_commands(run: Run, tg: Sequence[str], wait_s: float = 10.0) -> dict[st
     repetition each), each client's commands as the server counted them when it left, the
     difference over 2N."""
     n = int(tg[tg.index("-n") + 1])
-    log_file = run.log_dir / "vtest-server.log"
+    log_file = run.log_dir / SERVER_LOG
     got = {}
     for tokens in (n, 3 * n):
         before = len(client_commands(log_file.read_text(errors="replace")))
-        run.client(vtest.LLAMA_BENCH, ["-m", run.place.path(run.model), "-dev", "Vulkan0", "-ngl", "99", "-p", "0",
-                                       "-n", str(tokens), "-r", "1", "-o", "jsonl"], True, run.timeout)
+        run.bench(["-p", "0", "-n", str(tokens)], True, 1)
         deadline = time.monotonic() + wait_s  # the server sees the disconnect on its next poll
         while len(seen := client_commands(log_file.read_text(errors="replace"))) <= before:
             if time.monotonic() > deadline:
@@ -428,7 +416,7 @@ def server_root(tarball: Path | None) -> Path:
 
 
 def server_tail(work: Path) -> str:
-    f = work / "vtest-server.log"
+    f = work / SERVER_LOG
     return f.read_text(errors="replace")[-4000:] if f.exists() else ""
 
 

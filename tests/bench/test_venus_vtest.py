@@ -225,3 +225,25 @@ def test_a_staged_tree_runs_the_bench_on_this_hosts_driver_as_on_the_lent_machin
     assert report["venus_device"].startswith("Virtio-GPU Venus (llvmpipe (LLVM 15")
     assert report["greedy"]["same"] and report["fence_wait"]["venus"]["driver"] == "venus"
     assert report["results"]["tg4"]["venus"]["commands_per_token"]["SUBMIT_CMD2"] >= 1
+
+
+def test_the_fence_probe_is_checked_like_llama_cpp_and_a_garbled_report_is_a_coded_error(tmp_path: Path) -> None:
+    from provision.core.errors import HostToolsMissing
+
+    mod = load()
+    place = vtest.Place(tmp_path / "root", True, tmp_path, tmp_path, "/icd.json")
+    run = mod.Run(place, "lavapipe", tmp_path / "m.gguf", tmp_path)
+    outs = iter(['{"device": "llvmpipe (LLVM 22.1.8, 256 bits)", "driver": "llvmpipe", "wait_us": 14.5}\n',
+                 '{"device": "llvmpipe (LLVM 22.1.8, 256 bits)", "driver": "llvmpipe", "wait_us": 14.5}\n',
+                 "Segmentation fault\n"])
+
+    def client(program: str, args: list[str], via_venus: bool, timeout: float, llama: bool) -> dict[str, object]:
+        assert not llama  # no ggml device lines to read: the probe's own report is checked
+        return {"stdout": next(outs), "stderr": ""}
+
+    run.client = client  # type: ignore[method-assign]
+    assert run.fence_wait("vtest/fence-wait", False, 10)["wait_us"] == 14.5
+    with pytest.raises(GpuNotSupported):  # lavapipe itself where Venus was asked for: a CPU fallback, refused
+        run.fence_wait("vtest/fence-wait", True, 10)
+    with pytest.raises(HostToolsMissing, match="printed no report"):
+        run.fence_wait("vtest/fence-wait", True, 10)

@@ -85,7 +85,6 @@ def expect(stderr: str, target: str, via_venus: bool) -> Device:
     """The one Vulkan device of a run, checked to be what was asked for: Mesa's venus driver on
     the target's device through Venus, the target's own driver natively. A process that saw
     another driver or none (ggml then runs on the CPU) is E007, not a number."""
-    driver, word = TARGETS[target]
     found = devices(stderr) or used(stderr)
     where = "through Venus" if via_venus else "natively"
     if len(found) != 1:
@@ -93,7 +92,13 @@ def expect(stderr: str, target: str, via_venus: bool) -> Device:
             f"{where}: expected one Vulkan device, the process listed {len(found)}: {found}",
             fix="check VK_DRIVER_FILES and the vtest server's log; no CPU fallback is measured",
         )
-    dev = found[0]
+    return check(found[0], target, via_venus)
+
+
+def check(dev: Device, target: str, via_venus: bool) -> Device:
+    """``dev`` is what a run asked for (``expect``; the fence probe names its own device), else E007."""
+    driver, word = TARGETS[target]
+    where = "through Venus" if via_venus else "natively"
     # A name alone (llama-completion's) is checked by name; llama-bench's line gives the driver too.
     ok = (dev.driver in ("venus", "") and dev.name.startswith("Virtio-GPU Venus (") and word in dev.name) \
         if via_venus else (dev.driver in (driver, "") and word in dev.name and "Venus" not in dev.name)
