@@ -136,6 +136,10 @@ int main(int argc, char **argv) {
     CHECK(vkCreateFence(dev, &fci, NULL, &fence));
 
     double *wait_us = calloc(iterations, sizeof(double)), *poll_us = calloc(iterations, sizeof(double));
+    if (!wait_us || !poll_us) {
+        fprintf(stderr, "fence-wait: out of memory for %d timings\n", iterations);
+        return 2;
+    }
     long polls = 0;
     uint32_t value = 0;
     /* Alternate the two ways so both see the same load; the first round of each is a warm-up. */
