@@ -247,3 +247,17 @@ def test_the_fence_probe_is_checked_like_llama_cpp_and_a_garbled_report_is_a_cod
         run.fence_wait("vtest/fence-wait", True, 10)
     with pytest.raises(HostToolsMissing, match="printed no report"):
         run.fence_wait("vtest/fence-wait", True, 10)
+
+
+@pytest.mark.parametrize(("budget", "said"), [("x", "whole seconds, not 'x'"), ("1;2", "whole seconds, not '1;2'"),
+                                              ("0069", "at least 70 s, not 69")])
+def test_the_device_run_refuses_a_budget_it_cannot_keep_before_any_work(tmp_path: Path, budget: str, said: str) -> None:
+    # `timeout 0` would run without a limit; a word would be read as a shell variable's name.
+    out = tmp_path / "out"
+    out.mkdir()
+    proc = subprocess.run(["bash", str(REPO / "checks" / "h200-venus-vtest" / "run"), str(tmp_path), str(tmp_path)],
+                          env={"PATH": "/usr/bin:/bin", "OUT": str(out), "BUDGET": budget},
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert f"BUDGET must be {said}" in proc.stderr
+    assert list(out.iterdir()) == []  # nothing started: no log, no environment capture
