@@ -1,18 +1,21 @@
 // krun-gpu: a decode loop as llama.cpp drives it, on "[virtgpu] <host device>" through the loopback,
-// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008; 0.4, 0011-0013).
+// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008; 0.4, 0011-0014).
 //
 // The weights are set once; then, token after token, the input is set, the same scheduled graph
 // computed again (ggml_backend_sched keeps its uid, so the guest sends the uid, not the graph) and
-// the output read back. Every token's output must match; with APIR_LOOPBACK_STATS the loopback
-// counts what crossed (tests/apir/test_apir_remoting.py reads it: no SET_TENSOR, one GRAPH_RUN per
-// token, and under APIR 0.4 no GET_TENSOR: the output comes back with the graph run).
+// the output read back as llama.cpp reads its logits: ggml_backend_tensor_get_async, then synchronize.
+// Every token's output must match; with APIR_LOOPBACK_STATS the loopback counts what crossed
+// (tests/apir/test_apir_remoting.py reads it: no SET_TENSOR, no GET_TENSOR, one GRAPH_RUN per token).
 //
-//   graph-run-check DEVICE TOKENS [tokens|ubatches]
+//   graph-run-check DEVICE TOKENS [tokens|ubatches|guest-memory|sync]
 //
-// tokens (the default): each token's output is read into the same place, as llama.cpp reads its logits.
+// tokens (the default): each token's output is read into the same place of a buffer of the device's host
+// buffer type, where llama.cpp keeps its logits (0014: the host writes there itself).
 // ubatches: tokens go in pairs, as llama.cpp decodes a batch of two ubatches with one graph, each output
-// read into its own half of one array and both checked once the pair is done: an output the route brought
-// back for the wrong half, or wrote over the first half's, shows as wrong values.
+// read into its own half of one such buffer and both checked once the pair is done: an output the route
+// brought back for the wrong half, or wrote over the first half's, shows as wrong values.
+// guest-memory: as tokens, into plain guest memory (the outputs land in the command's pages, copied).
+// sync: as guest-memory, with a synchronous compute and ggml_backend_tensor_get (test-backend-ops' way).
 
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
@@ -39,10 +42,13 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "usage: %s DEVICE TOKENS [tokens|ubatches]\n", argv[0]);
         return 2;
     }
-    const int  tokens   = atoi(argv[2]);
-    const bool ubatches = argc == 4 && std::string(argv[3]) == "ubatches";
-    if (argc == 4 && !ubatches && std::string(argv[3]) != "tokens") {
-        fprintf(stderr, "graph-run-check: tokens or ubatches, not %s\n", argv[3]);
+    const int         tokens   = atoi(argv[2]);
+    const std::string mode     = argc == 4 ? argv[3] : "tokens";
+    const bool        ubatches = mode == "ubatches";
+    const bool        in_host  = mode == "tokens" || ubatches;
+    const bool        sync     = mode == "sync";
+    if (!in_host && !sync && mode != "guest-memory") {
+        fprintf(stderr, "graph-run-check: tokens, ubatches, guest-memory or sync, not %s\n", mode.c_str());
         return 2;
     }
     ggml_backend_load_all();
@@ -96,7 +102,18 @@ int main(int argc, char ** argv) {
     }
 
     int bad = 0;
-    std::vector<float> xv(2 * N), out(2 * N);  // a pair's two inputs and two outputs (ubatches)
+    std::vector<float> xv(2 * N), guest_out(2 * N);  // a pair's two inputs and two outputs (ubatches)
+    float *            out  = guest_out.data();
+    ggml_backend_buffer_t obuf = nullptr;
+    if (in_host) {  // where llama.cpp keeps its outputs: the output device's host buffer type
+        ggml_backend_buffer_type_t host = ggml_backend_dev_host_buffer_type(dev);
+        obuf = host ? ggml_backend_buft_alloc_buffer(host, 2 * N * sizeof(float)) : nullptr;
+        if (!obuf || ggml_backend_buffer_get_type(obuf) != host) {
+            fprintf(stderr, "graph-run-check: %s has no host buffer of its own type\n", argv[1]);
+            return 1;
+        }
+        out = (float *) ggml_backend_buffer_get_base(obuf);
+    }
     auto check = [&](int t, const float * x, const float * y) {
         for (int r = 0; r < N; r++) {
             double acc = bv[r];
@@ -114,26 +131,38 @@ int main(int argc, char ** argv) {
     for (int t = 0; t < tokens; t++) {
         const int half = ubatches ? t % 2 : 0;
         float *   x    = xv.data() + half * N;
-        float *   y    = out.data() + half * N;
+        float *   y    = out + half * N;
         for (int i = 0; i < N; i++) {
             x[i] = value(i, 3 + t);
         }
         ggml_backend_tensor_set(x_in, x, 0, sizeof(float) * N);
-        if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
-            fprintf(stderr, "graph-run-check: compute failed at token %d\n", t);
-            return 1;
+        if (sync) {
+            if (ggml_backend_sched_graph_compute(sched, gf) != GGML_STATUS_SUCCESS) {
+                fprintf(stderr, "graph-run-check: compute failed at token %d\n", t);
+                return 1;
+            }
+            ggml_backend_tensor_get(y_out, y, 0, sizeof(float) * N);
+        } else {
+            if (ggml_backend_sched_graph_compute_async(sched, gf) != GGML_STATUS_SUCCESS) {
+                fprintf(stderr, "graph-run-check: compute failed at token %d\n", t);
+                return 1;
+            }
+            ggml_backend_tensor_get_async(remote, y_out, y, 0, sizeof(float) * N);
+            ggml_backend_sched_synchronize(sched);
         }
-        ggml_backend_tensor_get(y_out, y, 0, sizeof(float) * N);
         if (!ubatches) {
             check(t, x, y);
         } else if (half == 1 || t == tokens - 1) {  // the pair is done: both halves still hold their own
             for (int h = 0; h <= half; h++) {
-                check(t - half + h, xv.data() + h * N, out.data() + h * N);
+                check(t - half + h, xv.data() + h * N, out + h * N);
             }
         }
     }
     printf("graph-run-check: %d tokens on %s, %d wrong values\n", tokens, argv[1], bad);
 
+    if (obuf) {
+        ggml_backend_buffer_free(obuf);
+    }
     ggml_backend_sched_free(sched);
     ggml_free(gctx);
     ggml_backend_buffer_free(wbuf);

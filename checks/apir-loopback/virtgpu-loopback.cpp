@@ -74,6 +74,11 @@ std::mutex                  g_lock;
 std::map<uint32_t, void *>  g_resources;
 std::atomic<uint32_t>       g_next_res_id{ 1 };
 dispatch_fn                 g_dispatch = nullptr;
+// The host's lookups of a resource other than the command pages and the reply: where it writes a read
+// straight into one of the guest's host buffers (patch 0014), never otherwise.
+std::atomic<uint32_t>       g_data_res_id{ 0 };
+std::atomic<uint32_t>       g_reply_res_id{ 0 };
+std::atomic<uint64_t>       g_other_lookups{ 0 };
 profile_fn                  g_profile  = nullptr;  // optional: hosts from patch 0008 on
 
 // The profile: one slot per forwarded command, then HANDSHAKE and LOADLIBRARY.
@@ -170,7 +175,7 @@ void write_stats() {
         fprintf(f, "}");
         first = false;
     }
-    fprintf(f, "\n}}\n");
+    fprintf(f, "\n}, \"other_resource_lookups\": %llu}\n", (unsigned long long) g_other_lookups.load());
     fclose(f);
 }
 
@@ -191,6 +196,9 @@ const char * loopback_get_config(uint32_t, const char * key) {
 }
 
 void * loopback_get_shmem_ptr(uint32_t, uint32_t res_id) {
+    if (res_id != g_data_res_id && res_id != g_reply_res_id) {
+        g_other_lookups++;
+    }
     std::lock_guard<std::mutex> hold(g_lock);
     auto it = g_resources.find(res_id);
     return it == g_resources.end() ? nullptr : it->second;
@@ -435,6 +443,8 @@ virtgpu * create_virtgpu() {
         virtgpu_shmem_create(gpu, SHMEM_DATA_SIZE, &gpu->data_shmem)) {
         GGML_ABORT(GGML_VIRTGPU "%s: loopback setup failed", __func__);
     }
+    g_reply_res_id = gpu->reply_shmem.res_id;
+    g_data_res_id  = gpu->data_shmem.res_id;
 
     apir_encoder * enc = remote_call_prepare(gpu, APIR_COMMAND_TYPE_HANDSHAKE, 0);
     uint32_t       guest_major = APIR_PROTOCOL_MAJOR, guest_minor = APIR_PROTOCOL_MINOR;

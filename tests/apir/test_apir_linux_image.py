@@ -35,7 +35,8 @@ def test_image_carries_the_route_protocol_and_patch(built):
          "0007-ggml-virtgpu-one-round-trip-per-token.patch",
          "0010-ggml-virtgpu-ask-the-host-alloc-size.patch",
          "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
-         "0012-ggml-virtgpu-outputs-with-the-graph.patch"]
+         "0012-ggml-virtgpu-outputs-with-the-graph.patch",
+         "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch"]
     )
     stack = catalog.load().get("llama-apir-linux")
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env

@@ -1,12 +1,13 @@
 """The remoting cuts (issues 27 and 40): APIR 0.3, patches 0006 (shared), 0007 (guest), 0008 (host);
-APIR 0.4, 0011 (shared), 0012 (guest), 0013 (host).
+APIR 0.4, 0011 (shared), 0012 and 0014 (guest), 0013 (host).
 
 Fast tests: how bench/apir_remoting.py splits the series, turns two loopback profiles into a
 per-token one, and that every build of the host library (Linux builds, the loopback, Nix, the macOS
 cross build) and every APIR guest image applies its half of the series. Slow ones build the pinned
 tree with the series (CPU target, no VM): the patched headers say the pinned protocol, a llama-like
 decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
-GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches), 0.2
+GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches; into
+the device's host buffer the host writes them itself, into guest memory they are copied), 0.2
 and 0.3 guests are refused by a 0.4 host with a message, and greedy decoding through the route
 gives the same tokens as native (the CI gate: correctness, never speed).
 """
@@ -43,6 +44,7 @@ OUT_SHARED, OUT_GUEST, OUT_HOST = (
     "0012-ggml-virtgpu-outputs-with-the-graph.patch",
     "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
 )
+RUN_LATER = "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch"
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -60,9 +62,9 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     bench = _bench()
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
-    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST}
+    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST, RUN_LATER}
     assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST, OUT_SHARED,
-                                                                                      OUT_GUEST))
+                                                                                      OUT_GUEST, RUN_LATER))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
                                                                                     OUT_HOST))
     assert before.host_patches[-1].startswith("0005-")
@@ -79,7 +81,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_and_
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-5:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST], name
+        assert names[-6:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER], name
         assert not {HOST, ZERO, OUT_HOST} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 4, 2)
@@ -157,27 +159,34 @@ def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path,
 
 
 @pytest.mark.slow
-# tokens: each output read into the same place (llama.cpp's logits); ubatches: pairs of runs of one graph
-# read into the two halves of one array and checked once both are done (llama.cpp decoding a batch of
-# two ubatches with all outputs), where an output brought back for the wrong place would show.
-@pytest.mark.parametrize("mode", ["tokens", "ubatches"])
+# tokens: each output read, as llama.cpp reads its logits (get_tensor_async, then synchronize), into the same
+# place of a buffer of the device's host buffer type, where llama.cpp keeps them; ubatches: pairs of runs of
+# one graph read into the two halves of such a buffer and checked once both are done (a batch of two
+# ubatches with all outputs), where an output brought back for the wrong place would show; guest-memory:
+# into plain memory; sync: a synchronous compute and ggml_backend_tensor_get (test-backend-ops' way).
+@pytest.mark.parametrize("mode", ["tokens", "ubatches", "guest-memory", "sync"])
 def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_right_values(tmp_path: Path,
                                                                                          mode: str) -> None:
     dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
     counts: dict[int, dict[str, dict[str, int]]] = {}
+    lookups: dict[int, int] = {}
     for tokens in (2, 12):
         stats = tmp_path / f"stats-{tokens}.json"
         proc = _decode_check(dirs, tokens, stats, mode)
         assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
             proc.stdout + proc.stderr)[-3000:]
-        counts[tokens] = json.loads(stats.read_text())["commands"]
+        report = json.loads(stats.read_text())
+        counts[tokens], lookups[tokens] = report["commands"], report["other_resource_lookups"]
     per_token = {cmd: (c["n"] - counts[2].get(cmd, {"n": 0})["n"]) / 10 for cmd, c in counts[12].items()}
-    # The input rides with the graph and the output comes back with it (APIR 0.4): one GRAPH_RUN per token,
-    # no SET_TENSOR, no GET_TENSOR (the weights' SET_TENSOR happen once, before the loop; the first token's
-    # output crosses as a GET_TENSOR, which is how the guest learns what to ask for: the same in both runs).
+    # The input rides with the graph and the output comes back with it: one GRAPH_RUN per token, no
+    # SET_TENSOR, and never a GET_TENSOR (0014: the run waits for its read, so nothing is guessed, not even
+    # at the first token).
     assert per_token["graph_run"] == 1.0
     assert {k for k, v in per_token.items() if v} == {"graph_run"}, per_token
-    assert counts[12]["buffer_get_tensor"]["n"] == counts[2]["buffer_get_tensor"]["n"] == 1
+    assert "buffer_get_tensor" not in counts[12] and "buffer_get_tensor" not in counts[2], counts[12]
+    # Where the output lands: into a host buffer the host looks its resource up and writes there itself,
+    # once a token; into guest memory it uses only the command's own pages (the guest copies).
+    assert (lookups[12] - lookups[2]) / 10 == (1.0 if mode in ("tokens", "ubatches") else 0.0), lookups
     # Sent by uid: a repeated graph's command carries no graph, so the host decodes nothing more. The
     # outputs are copied inside GRAPH_RUN (the host's copy time); a few microseconds on the CPU target, too
     # small to compare between runs, so only its presence is asserted: the right values above are the proof.
@@ -214,9 +223,11 @@ def test_the_guest_reserves_what_the_host_buffer_type_asks_for_once_per_descript
 
 @pytest.mark.slow
 def test_0_2_and_0_3_guests_are_refused_by_a_0_4_host_with_a_message(tmp_path: Path) -> None:
-    old_guest = tuple(p for p in loopback.guest_patches() if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST))
+    old_guest = tuple(p for p in loopback.guest_patches()
+                      if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST, RUN_LATER))
     dirs = _loopback(tmp_path, "mixed", old_guest, loopback.HOST_PATCHES)
-    proc = _decode_check(dirs, 2, tmp_path / "stats.json")
+    # plain memory: a guest without 0012 has no host buffer type of its own to read into
+    proc = _decode_check(dirs, 2, tmp_path / "stats.json", "guest-memory")
     assert proc.returncode != 0
     assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.4" in proc.stderr
     assert "backend function 'backend_graph_compute' failed" in proc.stderr
