@@ -5,7 +5,7 @@ and the cost of a token by command (issues 27 and 40).
 Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
 checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
 series without its cuts (APIR 0.3: 0006 shared, 0007 guest, 0008-0009 host; APIR 0.4: 0011 shared, 0012
-and 0014 guest, 0013 host), "after" with the whole series. The same llama-bench runs natively and through
+and 0014 guest, 0013 host; APIR 0.5: 0015 shared, 0016 guest, 0017 host), "after" with the whole series. The same llama-bench runs natively and through
 each, alternately, with the loopback's per-command profile on (APIR_LOOPBACK_STATS; with 0008 the
 host's time is split into decode, compute and copy). Each test runs twice through the route, with 1
 and with R repetitions: the difference divided by (R-1) x tokens is the cost of one more token,
@@ -51,7 +51,9 @@ CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu
        "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
        "0012-ggml-virtgpu-outputs-with-the-graph.patch",
        "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
-       "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch")
+       "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch",
+       "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch", "0016-ggml-virtgpu-send-use-counts.patch",
+       "0017-ggml-virtgpu-backend-use-counts.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 

@@ -1,5 +1,6 @@
 // krun-gpu: a decode loop as llama.cpp drives it, on "[virtgpu] <host device>" through the loopback,
-// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008; 0.4, 0011-0014).
+// checked value by value against plain C++ arithmetic (APIR 0.3, patches 0006-0008; 0.4, 0011-0014;
+// 0.5, 0015-0017: it prints the graph's use counts, which the loopback's stats must show the host got).
 //
 // The weights are set once; then, token after token, the input is set, the same scheduled graph
 // computed again (ggml_backend_sched keeps its uid, so the guest sends the uid, not the graph) and
@@ -18,6 +19,7 @@
 // sync: as guest-memory, with a synchronous compute and ggml_backend_tensor_get (test-backend-ops' way).
 
 #include "ggml-alloc.h"
+#include "ggml-impl.h"  // struct ggml_cgraph and ggml_node_get_use_count: the counts the host must get (0015)
 #include "ggml-backend.h"
 #include "ggml.h"
 
@@ -159,6 +161,11 @@ int main(int argc, char ** argv) {
         }
     }
     printf("graph-run-check: %d tokens on %s, %d wrong values\n", tokens, argv[1], bad);
+    long uses = 0;  // what a backend given this graph natively sees; the host's graph must see the same
+    for (int i = 0; i < ggml_graph_n_nodes(gf); i++) {
+        uses += ggml_node_get_use_count(gf, i);
+    }
+    printf("graph-run-check: the graph's %d nodes have %ld uses\n", ggml_graph_n_nodes(gf), uses);
 
     if (obuf) {
         ggml_backend_buffer_free(obuf);

@@ -99,21 +99,38 @@ int main(int argc, char ** argv) {
     old.put<uint64_t>(0);  // graph_size
     send("0.3 guest", old);
 
-    // 0.4 from here on: the read fields follow graph_size; the records sit in resource 1.
-    auto run = [&](uint32_t flags, uint32_t n_reads, uint64_t reads_size) {
+    // The current layout from here on: the read fields follow graph_size; the records sit in resource 1.
+    auto run = [&](uint32_t flags, uint32_t n_reads, uint64_t reads_size, uint32_t minor = APIR_PROTOCOL_MINOR,
+                   uint64_t graph_size = 0) {
         command c;
         c.put<uint32_t>(APIR_PROTOCOL_MAJOR);
-        c.put<uint32_t>(APIR_PROTOCOL_MINOR);
+        c.put<uint32_t>(minor);
         c.put<uint32_t>(flags);
         c.put<uint32_t>(1);
         c.put<uint64_t>(0);  // no graph this host holds: once the reads pass, GRAPH_UNKNOWN
         c.put<uint32_t>(0);
         c.put<uint64_t>(0);
-        c.put<uint64_t>(0);
+        c.put<uint64_t>(graph_size);
         c.put<uint32_t>(n_reads);
         c.put<uint64_t>(reads_size);
         return c;
     };
+#if APIR_PROTOCOL_MINOR >= 5
+    // A 0.4 guest (0011-0014): the same fields, but its graph bytes end without the use counts.
+    command v4 = run(APIR_GRAPH_RUN_COMPUTES, 0, 0, 4);
+    send("0.4 guest", v4);
+    // A graph cut short of its use counts (0.5 layout otherwise): one node, no tensors, no counts.
+    {
+        uint32_t n_nodes = 1, n_tensors = 0;
+        uint64_t node = 0;
+        memset(g_shmem, 0, sizeof(g_shmem));
+        memcpy(g_shmem, &n_nodes, 4);
+        memcpy(g_shmem + 4, &node, 8);
+        memcpy(g_shmem + 12, &n_tensors, 4);
+        command g = run(APIR_GRAPH_RUN_COMPUTES | APIR_GRAPH_RUN_SENDS_GRAPH, 0, 0, APIR_PROTOCOL_MINOR, 16);
+        send("graph short of its use counts", g);
+    }
+#endif
     const size_t    record = APIR_GRAPH_RUN_READ_RECORD_SIZE;
     apir_rpc_tensor rt;
     memset(&rt, 0, sizeof(rt));

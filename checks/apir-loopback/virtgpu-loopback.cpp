@@ -69,6 +69,7 @@ struct callbacks {
 using init_fn     = uint32_t (*)(uint32_t, callbacks *);
 using dispatch_fn = uint32_t (*)(uint32_t, callbacks *, uint32_t, char *, const char *, char *, const char *, char **);
 using profile_fn  = void (*)(uint64_t *, uint64_t *, uint64_t *);
+using uses_fn     = void (*)(uint64_t *, uint64_t *);
 
 std::mutex                  g_lock;
 std::map<uint32_t, void *>  g_resources;
@@ -80,6 +81,7 @@ std::atomic<uint32_t>       g_data_res_id{ 0 };
 std::atomic<uint32_t>       g_reply_res_id{ 0 };
 std::atomic<uint64_t>       g_other_lookups{ 0 };
 profile_fn                  g_profile  = nullptr;  // optional: hosts from patch 0008 on
+uses_fn                     g_uses     = nullptr;  // optional: hosts from patch 0017 on
 
 // The profile: one slot per forwarded command, then HANDSHAKE and LOADLIBRARY.
 constexpr int STAT_HANDSHAKE   = APIR_BACKEND_DISPATCH_TABLE_COUNT;
@@ -175,7 +177,14 @@ void write_stats() {
         fprintf(f, "}");
         first = false;
     }
-    fprintf(f, "\n}, \"other_resource_lookups\": %llu}\n", (unsigned long long) g_other_lookups.load());
+    fprintf(f, "\n}, \"other_resource_lookups\": %llu", (unsigned long long) g_other_lookups.load());
+    if (g_uses) {  // the last graph the host decoded: its nodes and the use counts it was given
+        uint64_t nodes = 0, uses = 0;
+        g_uses(&nodes, &uses);
+        fprintf(f, ", \"host_graph\": {\"nodes\": %llu, \"uses\": %llu}", (unsigned long long) nodes,
+                (unsigned long long) uses);
+    }
+    fprintf(f, "}\n");
     fclose(f);
 }
 
@@ -245,6 +254,7 @@ uint32_t host_load_library() {
     auto init = (init_fn) dlsym(handle, "apir_backend_initialize");
     g_dispatch = (dispatch_fn) dlsym(handle, "apir_backend_dispatcher");
     g_profile  = (profile_fn) dlsym(handle, "apir_backend_profile");
+    g_uses     = (uses_fn) dlsym(handle, "apir_backend_graph_uses");
     if (!init || !g_dispatch) {
         return APIR_LOAD_LIBRARY_SYMBOL_MISSING;
     }

@@ -55,14 +55,17 @@ _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
 # GRAPH_RUN (a token's writes and its graph, or the graph's uid, in one round trip; 0006 is shared
 # with the guest series, which must be 0.3 too); 0009: buffers zeroed when allocated (ggml-cuda's
 # padding of quantized rows, which its init_tensor would zero, is never initialized otherwise);
-# 0011 + 0013: APIR 0.4, the outputs a guest reads after a graph copied into its pages with the run.
+# 0011 + 0013: APIR 0.4, the outputs a guest reads after a graph copied into its pages with the run;
+# 0015 + 0017: APIR 0.5, the decoded graph gets the guest's use counts, so the backend fuses ops.
 HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
                 "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
                 "0008-ggml-virtgpu-backend-graph-run.patch",
                 "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
                 "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
-                "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch")
+                "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
+                "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
+                "0017-ggml-virtgpu-backend-use-counts.patch")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The remoting cuts (issues 27 and 40): APIR 0.3, patches 0006 (shared), 0007 (guest), 0008 (host);
-APIR 0.4, 0011 (shared), 0012 and 0014 (guest), 0013 (host).
+APIR 0.4, 0011 (shared), 0012 and 0014 (guest), 0013 (host); APIR 0.5, 0015 (shared), 0016 (guest), 0017 (host).
 
 Fast tests: how bench/apir_remoting.py splits the series, turns two loopback profiles into a
 per-token one, and that every build of the host library (Linux builds, the loopback, Nix, the macOS
@@ -7,8 +7,8 @@ cross build) and every APIR guest image applies its half of the series. Slow one
 tree with the series (CPU target, no VM): the patched headers say the pinned protocol, a llama-like
 decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
 GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches; into
-the device's host buffer the host writes them itself, into guest memory they are copied), 0.2
-and 0.3 guests are refused by a 0.4 host with a message, and greedy decoding through the route
+the device's host buffer the host writes them itself, into guest memory they are copied; the host's
+graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message, and greedy decoding through the route
 gives the same tokens as native (the CI gate: correctness, never speed).
 """
 
@@ -45,6 +45,11 @@ OUT_SHARED, OUT_GUEST, OUT_HOST = (
     "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
 )
 RUN_LATER = "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch"
+USES_SHARED, USES_GUEST, USES_HOST = (
+    "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
+    "0016-ggml-virtgpu-send-use-counts.patch",
+    "0017-ggml-virtgpu-backend-use-counts.patch",
+)
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -62,29 +67,31 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     bench = _bench()
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
-    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST, RUN_LATER}
+    assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST, RUN_LATER,
+                              USES_SHARED, USES_GUEST, USES_HOST}
     assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST, OUT_SHARED,
-                                                                                      OUT_GUEST, RUN_LATER))
+                                                                                      OUT_GUEST, RUN_LATER,
+                                                                                      USES_SHARED, USES_GUEST))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
-                                                                                    OUT_HOST))
+                                                                                    OUT_HOST, USES_SHARED, USES_HOST))
     assert before.host_patches[-1].startswith("0005-")
     assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
-def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_and_0_4() -> None:
-    assert ggml_build.HOST_PATCHES[-5:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST)
+def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0_5() -> None:
+    assert ggml_build.HOST_PATCHES[-7:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", macho)) == ggml_build.HOST_PATCHES
-    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2 and 0.3 guests
+    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2, 0.3 and 0.4 guests
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-6:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER], name
-        assert not {HOST, ZERO, OUT_HOST} & set(names), name
+        assert names[-8:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST], name
+        assert not {HOST, ZERO, OUT_HOST, USES_HOST} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
-    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 4, 2)
+    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 5, 2)
 
 
 def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check() -> None:
@@ -177,6 +184,11 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
             proc.stdout + proc.stderr)[-3000:]
         report = json.loads(stats.read_text())
         counts[tokens], lookups[tokens] = report["commands"], report["other_resource_lookups"]
+        # 0015-0017: the graph the host decoded has the use counts ggml gave the guest's (relu(W x + b) *
+        # 0.5: four nodes, three of them used once), so the host's backend may fuse as it would natively.
+        nodes, uses = map(int, re.search(r"the graph's (\d+) nodes have (\d+) uses", proc.stdout).groups())
+        assert (nodes, uses) == (4, 3), proc.stdout
+        assert report["host_graph"] == {"nodes": nodes, "uses": uses}, report
     per_token = {cmd: (c["n"] - counts[2].get(cmd, {"n": 0})["n"]) / 10 for cmd, c in counts[12].items()}
     # The input rides with the graph and the output comes back with it: one GRAPH_RUN per token, no
     # SET_TENSOR, and never a GET_TENSOR (0014: the run waits for its read, so nothing is guessed, not even
@@ -222,17 +234,18 @@ def test_the_guest_reserves_what_the_host_buffer_type_asks_for_once_per_descript
 
 
 @pytest.mark.slow
-def test_0_2_and_0_3_guests_are_refused_by_a_0_4_host_with_a_message(tmp_path: Path) -> None:
+def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_path: Path) -> None:
     old_guest = tuple(p for p in loopback.guest_patches()
-                      if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST, RUN_LATER))
+                      if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST))
     dirs = _loopback(tmp_path, "mixed", old_guest, loopback.HOST_PATCHES)
     # plain memory: a guest without 0012 has no host buffer type of its own to read into
     proc = _decode_check(dirs, 2, tmp_path / "stats.json", "guest-memory")
     assert proc.returncode != 0
-    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.4" in proc.stderr
+    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.5" in proc.stderr
     assert "backend function 'backend_graph_compute' failed" in proc.stderr
-    # A 0.3 guest's GRAPH_RUN (no read fields) and hostile read records, sent to the host's dispatcher as
-    # virglrenderer hands them over: each refused with its code and a log line, before anything runs.
+    # A 0.3 guest's GRAPH_RUN (no read fields), a 0.4 guest's (no use counts), hostile read records and a
+    # graph cut short of its use counts, sent to the host's dispatcher as virglrenderer hands them over:
+    # each refused with its code and a log line, before anything runs.
     env = loopback_no_chroot.run_env(dirs, "cpu")
     proc = subprocess.run([str(dirs.bin / "graph-run-refusals"), env["VIRGL_APIR_BACKEND_LIBRARY"],
                            env["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"], env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"]],
@@ -240,12 +253,15 @@ def test_0_2_and_0_3_guests_are_refused_by_a_0_4_host_with_a_message(tmp_path: P
     assert proc.returncode == 0, proc.stdout + proc.stderr
     codes = dict(line.rsplit(": return code ", 1) for line in proc.stdout.splitlines() if ": return code " in line)
     # APIR_GRAPH_RUN_PROTOCOL_MISMATCH (2): the guest's own message names it (0007's graph_run_failed)
-    assert codes.pop("0.3 guest") == "2"
-    assert "refused: the guest speaks APIR 0.3, this host library 0.4" in proc.stderr
+    assert codes.pop("0.3 guest") == "2" and codes.pop("0.4 guest") == "2"
+    assert "refused: the guest speaks APIR 0.3, this host library 0.5" in proc.stderr
+    assert "refused: the guest speaks APIR 0.4, this host library 0.5" in proc.stderr
     # APIR_GRAPH_RUN_BAD_REQUEST (1), each with the host's reason; the control case gets as far as the graph
     assert codes == {"read of an unknown buffer": "1", "reads_size short of n_reads": "1",
-                     "reads without compute": "1", "no reads, unknown graph": "3"}, codes
+                     "reads without compute": "1", "no reads, unknown graph": "3",
+                     "graph short of its use counts": "1"}, codes
     assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
+    assert proc.stderr.count("Failed to deserialize computation graph") == 1, proc.stderr
 
 
 @pytest.mark.slow
