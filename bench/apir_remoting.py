@@ -5,12 +5,13 @@ and the cost of a token by command (issues 27 and 40).
 Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
 checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
 series without its cuts (APIR 0.3: 0006 shared, 0007 guest, 0008-0009 host; APIR 0.4: 0011 shared, 0012
-and 0014 guest, 0013 host; APIR 0.5: 0015 shared, 0016 guest, 0017 host), "after" with the whole series. The same llama-bench runs natively and through
-each, alternately, with the loopback's per-command profile on (APIR_LOOPBACK_STATS; with 0008 the
-host's time is split into decode, compute and copy). Each test runs twice through the route, with 1
-and with R repetitions: the difference divided by (R-1) x tokens is the cost of one more token,
-without model load and warm-up. Correctness: checks/apir-loopback/greedy.cpp decodes greedily natively and through the
-"after" route; the token ids must be the same (the exit status says so; speed is never gated).
+and 0014 guest, 0013 host; APIR 0.5: 0015 shared, 0016 guest, 0017 host), "after" with the whole series.
+The same llama-bench runs natively and through each, alternately, with the loopback's per-command
+profile on (APIR_LOOPBACK_STATS; with 0008 the host's time is split into decode, compute and copy).
+Each test runs twice through the route, with 1 and with R repetitions: the difference divided by
+(R-1) x tokens is the cost of one more token, without model load and warm-up. Correctness:
+checks/apir-loopback/greedy.cpp decodes greedily natively and through the "after" route; the token ids
+must be the same (the exit status says so; speed is never gated).
 
   python bench/apir_remoting.py                   # here: CPU target, `host` + `guest` ggml builds
   python bench/apir_remoting.py --target cuda --source TREE --drm-include DIR --cuda-arch 90

@@ -8,8 +8,8 @@ tree with the series (CPU target, no VM): the patched headers say the pinned pro
 decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
 GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches; into
 the device's host buffer the host writes them itself, into guest memory they are copied; the host's
-graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message, and greedy decoding through the route
-gives the same tokens as native (the CI gate: correctness, never speed).
+graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message,
+and greedy decoding through the route gives the same tokens as native (the CI gate: correctness, never speed).
 """
 
 from __future__ import annotations
