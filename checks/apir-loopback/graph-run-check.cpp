@@ -41,7 +41,7 @@ float value(int i, int salt) {
 
 int main(int argc, char ** argv) {
     if (argc != 3 && argc != 4) {
-        fprintf(stderr, "usage: %s DEVICE TOKENS [tokens|ubatches]\n", argv[0]);
+        fprintf(stderr, "usage: %s DEVICE TOKENS [tokens|ubatches|guest-memory|sync]\n", argv[0]);
         return 2;
     }
     const int         tokens   = atoi(argv[2]);
