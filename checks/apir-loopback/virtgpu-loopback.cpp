@@ -29,6 +29,11 @@
 // buffers are then remote ones, whose tensor data crosses as commands (SET_TENSOR, GET_TENSOR,
 // or with the graph), instead of shared pages the guest reads and writes directly.
 //
+// APIR_LOOPBACK_BLOB_MAX=BYTES: refuse a shared resource larger than BYTES, as a VM's blob window
+// refuses one it has no room for (the frontend then aborts). The stats report the largest resource
+// made after the command pages and the reply ("largest_blob"): a command too big for the pages
+// asks for one of its own.
+//
 // APIR_LOOPBACK_ALLOC_PAD=BYTES: the host buffer type answers get_alloc_size of a quantized tensor
 // BYTES more than it computes, as ggml-cuda's does for quantized rows that need padding (ggml
 // accepts a larger size for quantized types without asking why). The CPU buffer type never pads,
@@ -114,6 +119,11 @@ const size_t g_alloc_pad = [] {
     const char * v = getenv("APIR_LOOPBACK_ALLOC_PAD");
     return v ? (size_t) strtoull(v, nullptr, 10) : 0;
 }();
+const size_t g_blob_max = [] {
+    const char * v = getenv("APIR_LOOPBACK_BLOB_MAX");
+    return v ? (size_t) strtoull(v, nullptr, 10) : SIZE_MAX;
+}();
+std::atomic<uint64_t> g_largest_blob{ 0 };  // after the command pages and the reply
 
 // Per thread: when the current command was prepared, and the command whose reply is being read.
 thread_local uint64_t t_prepared_ns = 0;
@@ -177,7 +187,8 @@ void write_stats() {
         fprintf(f, "}");
         first = false;
     }
-    fprintf(f, "\n}, \"other_resource_lookups\": %llu", (unsigned long long) g_other_lookups.load());
+    fprintf(f, "\n}, \"other_resource_lookups\": %llu, \"largest_blob\": %llu",
+            (unsigned long long) g_other_lookups.load(), (unsigned long long) g_largest_blob.load());
     if (g_uses) {  // the last graph the host decoded: its nodes and the use counts it was given
         uint64_t nodes = 0, uses = 0;
         g_uses(&nodes, &uses);
@@ -351,6 +362,16 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
 int virtgpu_shmem_create(virtgpu * gpu, size_t size, virtgpu_shmem * shmem) {
     UNUSED(gpu);
     size = align64(size, 16384);
+    if (size > g_blob_max) {
+        fprintf(stderr, "apir-loopback: refused a shared resource of %zu bytes (APIR_LOOPBACK_BLOB_MAX %zu)\n", size,
+                g_blob_max);
+        return 1;
+    }
+    if (g_data_res_id.load() != 0) {
+        uint64_t seen = g_largest_blob.load();
+        while (size > seen && !g_largest_blob.compare_exchange_weak(seen, size)) {
+        }
+    }
     void * ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (ptr == MAP_FAILED) {
         return 1;

@@ -101,6 +101,7 @@ def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check(
     assert script.index(f"/s/p/{GUEST}") < script.index(f"/s/p/{HOST}")
     assert "/s/lb/graph-run-check.cpp -o /w/bin/graph-run-check" in script
     assert "/s/lb/alloc-size-check.cpp -o /w/bin/alloc-size-check" in script
+    assert "/s/lb/wide-reads-check.cpp -o /w/bin/wide-reads-check" in script
 
 
 def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> None:
@@ -205,6 +206,31 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
     run12, run2 = counts[12]["graph_run"], counts[2]["graph_run"]
     assert run12["decode_ns"] - run2["decode_ns"] < (run12["compute_ns"] - run2["compute_ns"])
     assert run12["compute_ns"] > 0 and run12["copy_ns"] > 0 and run2["copy_ns"] > 0
+
+
+@pytest.mark.slow
+def test_reads_of_one_run_that_overflow_the_data_pages_cross_after_it_and_no_blob_is_asked(tmp_path: Path) -> None:
+    # Four outputs of 8 MiB read into plain guest memory: with the run's graph the data pages (24 MiB and a
+    # bit) hold three of them. The loopback refuses any resource larger than those pages, as a VM's blob window
+    # may: a run that asked one temporary resource for all four reads (0014 as first written) aborts here.
+    dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
+    data_pages = int(re.search(r"#define SHMEM_DATA_SIZE\s+(0x[0-9a-fA-F]+)",
+                               (dirs.work / "src/ggml/src/ggml-virtgpu/virtgpu.h").read_text())[1], 16)
+    stats = tmp_path / "stats.json"
+    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+           "APIR_LOOPBACK_NO_HOST_PTR": "1", "APIR_LOOPBACK_BLOB_MAX": str(data_pages)}
+    proc = subprocess.run([str(dirs.bin / "wide-reads-check"), loopback.TARGETS["cpu"][2], "4", "8", "2"], env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "2 runs of 4 outputs of 8 MiB on [virtgpu] CPU, 0 wrong values" in out, out[-3000:]
+    report = json.loads(stats.read_text())
+    commands = report["commands"]
+    # no shared resource was made after the pages and the reply: every command fitted the pages
+    assert report["largest_blob"] == 0, report
+    # Per run: one GRAPH_RUN carrying the three reads that fit, then the fourth as GET_TENSOR (8 MiB, in the
+    # pages on its own). The input's 8 MiB are too large to wait for the run: SET_TENSOR.
+    assert (commands["graph_run"]["n"], commands["buffer_get_tensor"]["n"]) == (2, 2), commands
+    assert commands["buffer_set_tensor"]["n"] == 2, commands
 
 
 def _alloc_size_check(dirs: loopback_no_chroot.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:

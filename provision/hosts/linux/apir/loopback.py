@@ -139,6 +139,9 @@ def build_script(patches: Sequence[str], target: str = "vulkan", where: Where = 
         # The guest reserves what the host's buffer type asks for (0010; APIR_LOOPBACK_ALLOC_PAD pads its answers).
         f"g++ -std=c++17 -O1 {inc} {loop}/alloc-size-check.cpp -o {b}/alloc-size-check -L{b} -L{lib} -lggml "
         f"-lggml-base {rpath}",
+        # Reads of one run that do not fit the command's pages together (0014: GET_TENSOR after the run).
+        f"g++ -std=c++17 -O1 {inc} {loop}/wide-reads-check.cpp -o {b}/wide-reads-check -L{b} -L{lib} -lggml "
+        f"-lggml-base {rpath}",
         # The test program is one large file that does not change with our patches: compile once.
         f"test -f {w}/test-backend-ops.o || g++ -std=c++17 -O1 -c {inc} {w}/src/tests/test-backend-ops.cpp "
         f"-o {w}/test-backend-ops.o",
