@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,8 @@ CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu
        "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch",
        "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch", "0016-ggml-virtgpu-send-use-counts.patch",
        "0017-ggml-virtgpu-backend-use-counts.patch")
+# Not part of the cut, but written on top of it (its hunks need the cut's code): "before" lacks them too.
+ON_THE_CUT = ("0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",)
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 
@@ -69,7 +72,9 @@ class Variant:
 def variants() -> tuple[Variant, Variant]:
     guest, host = tuple(loopback.guest_patches()), tuple(loopback.HOST_PATCHES)
     assert set(CUT) <= set(guest) | set(host), "the cut is part of the series"
-    return (Variant("before", tuple(p for p in guest if p not in CUT), tuple(p for p in host if p not in CUT)),
+    left_out = (*CUT, *ON_THE_CUT)
+    return (Variant("before", tuple(p for p in guest if p not in left_out),
+                    tuple(p for p in host if p not in left_out)),
             Variant("after", guest, host))
 
 
@@ -99,7 +104,13 @@ def ratio_rows(results: Mapping[str, Any]) -> list[dict[str, Any]]:
     rows = []
     for test, r in results.items():
         b, a, n = r["before"], r["after"], r["native"]
+        # Medians of llama-bench's own samples too: one slow repetition (a clock ramping up, the first
+        # prompt of a process) moves a mean of short pp runs by more than the route costs.
+        med = {k: r[k].get("median") for k in ("native", "before", "after")}
         rows.append({"test": test, "native_ts": n["ts"], "native_sd": n["sd"],
+                     "native_median": med["native"], "after_median": med["after"],
+                     "after_over_native_median": round(med["after"] / med["native"], 3)
+                     if med["after"] and med["native"] else None,
                      "before_ts": b["ts"], "before_sd": b["sd"], "after_ts": a["ts"], "after_sd": a["sd"],
                      "before_over_native": round(b["ts"] / n["ts"], 3) if n["ts"] else None,
                      "after_over_native": round(a["ts"] / n["ts"], 3) if n["ts"] else None,
@@ -115,6 +126,7 @@ def render(report: Mapping[str, Any]) -> str:
     lines = [f"APIR loopback, {report['device']} against native {report['native_device']}, model "
              f"{Path(report['model']).name}; per token = ({report['repetitions']} - 1 repetitions) difference"]
     cols = ["test", "native_ts", "before_ts", "after_ts", "before_over_native", "after_over_native",
+            "after_over_native_median",
             "before_round_trips", "after_round_trips", "before_remoting_us", "after_remoting_us",
             "before_host_us", "after_host_us"]
     lines.append(table([c.upper() for c in cols], [[r[c] for c in cols] for r in report["side_by_side"]]))
@@ -280,6 +292,12 @@ def cuda_graphs_off(setup: Setup, dirs: loopback_host.HostDirs, model: Path, tes
     return {"native_ts": round(float(native["avg_ts"]), 1), "after_ts": round(float(route["avg_ts"]), 1)}
 
 
+def median_ts(record: Mapping[str, Any]) -> float | None:
+    """The median of llama-bench's samples (its JSON record's samples_ts), None where it gave none."""
+    samples = [float(v) for v in record.get("samples_ts") or ()]
+    return round(statistics.median(samples), 1) if samples else None
+
+
 def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Path, tests: Mapping[str, Sequence[str]],
             reps: int, results: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fills `results` as it goes (a caller keeps what was measured when a later run fails)."""
@@ -290,7 +308,7 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
             results[test] = {}
             native = llama_bench(setup, built["after"], model, argv, reps, None)["record"]
             results[test]["native"] = {"ts": round(float(native["avg_ts"]), 1),
-                                       "sd": round(float(native["stddev_ts"]), 1)}
+                                       "sd": round(float(native["stddev_ts"]), 1), "median": median_ts(native)}
             print(f"{test} native: {results[test]['native']['ts']} t/s", file=sys.stderr, flush=True)
             for name, dirs in built.items():  # alternately, so both see the same machine load
                 one = llama_bench(setup, dirs, model, argv, 1, Path(tmp) / f"{name}-{test}-1.json")
@@ -298,6 +316,7 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
                 prof = per_token(one["commands"], many["commands"], (reps - 1) * tokens)
                 rec = many["record"]
                 results[test][name] = {"ts": round(float(rec["avg_ts"]), 1), "sd": round(float(rec["stddev_ts"]), 1),
+                                       "median": median_ts(rec),
                                        "per_token": prof, "total": totals(prof),
                                        "setup_commands": {c: int(v["n"]) for c, v in one["commands"].items()}}
                 print(f"{test} {name}: {results[test][name]['ts']} t/s, {results[test][name]['total']}",

@@ -1,6 +1,8 @@
-// krun-gpu: what the host library (libggml-virtgpu-backend, APIR 0.4) answers to GRAPH_RUN commands it must refuse,
-// sent to its dispatcher directly, as virglrenderer would hand them over: a guest of an older series, and read
-// records that are malformed or hostile. The loopback cannot play an older guest itself (it builds guest and host
+// krun-gpu: what the host library (libggml-virtgpu-backend, APIR 0.5) answers to commands it must refuse, sent
+// to its dispatcher directly, as virglrenderer would hand them over: a guest of an older series, read records
+// that are malformed or hostile, and (0018) hostile tensors, graphs and handles, each of which upstream's host
+// trusted: it called through a made-up buffer type, wrote past a tensor, threw on an unknown source, recursed
+// down a chain of sources until its stack ran out. The loopback cannot play an older guest itself (it builds guest and host
 // from one tree, so both carry the same protocol headers); here the bytes are written by hand, in the layout
 // backend/shared/apir_backend.h gives.
 //
@@ -35,7 +37,8 @@ struct callbacks {
 
 const char * g_lib;
 const char * g_reg;
-alignas(64) unsigned char g_shmem[1 << 16];  // resource 1; every other id is unknown to "virgl"
+alignas(64) unsigned char g_shmem[1 << 16];  // resource 1; every other id but 2 is unknown to "virgl"
+std::vector<uint64_t>     g_big;               // resource 2: a graph too large for resource 1
 
 const char * get_config(uint32_t, const char * key) {
     if (strcmp(key, "ggml.library.path") == 0) {
@@ -48,7 +51,7 @@ const char * get_config(uint32_t, const char * key) {
 }
 
 void * get_shmem_ptr(uint32_t, uint32_t res_id) {
-    return res_id == 1 ? g_shmem : nullptr;
+    return res_id == 1 ? (void *) g_shmem : res_id == 2 && !g_big.empty() ? (void *) g_big.data() : nullptr;
 }
 
 struct command {
@@ -78,14 +81,18 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "graph-run-refusals: the host library did not start\n");
         return 2;
     }
-    auto send = [&](const char * name, command & c) {
-        char   reply[256];
+    char reply[256];
+    auto call = [&](uint32_t type, command & c) {
         char * after = reply;
-        uint32_t rc  = dispatch(1, &cbs, APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, c.bytes.data(), c.bytes.data() + c.bytes.size(), reply,
-                                reply + sizeof(reply), &after);
+        return dispatch(1, &cbs, type, c.bytes.data(), c.bytes.data() + c.bytes.size(), reply, reply + sizeof(reply),
+                        &after);
+    };
+    auto send_as = [&](const char * name, uint32_t type, command & c) {
+        uint32_t rc = call(type, c);
         printf("%s: return code %u\n", name, rc);
         fflush(stdout);
     };
+    auto send = [&](const char * name, command & c) { send_as(name, APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, c); };
 
     // A 0.3 guest (patches 0006-0010): its GRAPH_RUN ends after graph_size, with no read fields.
     command old;
@@ -101,12 +108,12 @@ int main(int argc, char ** argv) {
 
     // The current layout from here on: the read fields follow graph_size; the records sit in resource 1.
     auto run = [&](uint32_t flags, uint32_t n_reads, uint64_t reads_size, uint32_t minor = APIR_PROTOCOL_MINOR,
-                   uint64_t graph_size = 0) {
+                   uint64_t graph_size = 0, uint32_t res_id = 1) {
         command c;
         c.put<uint32_t>(APIR_PROTOCOL_MAJOR);
         c.put<uint32_t>(minor);
         c.put<uint32_t>(flags);
-        c.put<uint32_t>(1);
+        c.put<uint32_t>(res_id);
         c.put<uint64_t>(0);  // no graph this host holds: once the reads pass, GRAPH_UNKNOWN
         c.put<uint32_t>(0);
         c.put<uint64_t>(0);
@@ -151,6 +158,89 @@ int main(int argc, char ** argv) {
     send("reads without compute", c);
     c = run(APIR_GRAPH_RUN_COMPUTES, 0, 0);  // the control: well formed, only the graph is unknown
     send("no reads, unknown graph", c);
+
+    // 0018. A buffer type handle the host never gave out: upstream called alloc_buffer through it.
+    command forged;
+    forged.put<uint64_t>(0x4141414141414141ull);
+    forged.put<uint64_t>(4096);
+    send_as("buffer type never given out", APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, forged);
+    // The host's own buffer of 4096 bytes, as a guest gets one, for the tensors below.
+    command none;
+    if (call(APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none) != 0) {
+        fprintf(stderr, "graph-run-refusals: no buffer type\n");
+        return 2;
+    }
+    uint64_t buft, buffer;
+    memcpy(&buft, reply, 8);
+    command alloc;
+    alloc.put<uint64_t>(buft);
+    alloc.put<uint64_t>(4096);
+    if (call(APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, alloc) != 0 || (memcpy(&buffer, reply, 8), buffer == 0)) {
+        fprintf(stderr, "graph-run-refusals: no buffer\n");
+        return 2;
+    }
+    auto f32 = [&](uint64_t id, uint64_t data, uint32_t ne0) {  // ne0 floats at data in that buffer, op NONE
+        apir_rpc_tensor t;
+        memset(&t, 0, sizeof(t));
+        t.id     = id;
+        t.type   = 0;  // GGML_TYPE_F32
+        t.buffer = buffer;
+        t.ne[0]  = ne0;
+        t.ne[1] = t.ne[2] = t.ne[3] = 1;
+        t.nb[0]  = 4;
+        t.nb[1] = t.nb[2] = t.nb[3] = 4 * ne0;
+        t.data   = data;
+        return t;
+    };
+    // A graph of one node (id 1) and its tensors, in resource 2, sent and computed.
+    auto graph = [&](const char * name, const std::vector<apir_rpc_tensor> & tensors) {
+        std::vector<char> g;
+        auto              put = [&](const void * p, size_t n) { g.insert(g.end(), (const char *) p, (const char *) p + n); };
+        uint32_t          n_nodes = 1, n_tensors = (uint32_t) tensors.size(), uses = 0;
+        uint64_t          node = 1;
+        put(&n_nodes, 4);
+        put(&node, 8);
+        put(&n_tensors, 4);
+        put(tensors.data(), tensors.size() * sizeof(apir_rpc_tensor));
+        put(&uses, 4);
+        g_big.assign(g.size() / 8 + 1, 0);
+        memcpy(g_big.data(), g.data(), g.size());
+        command c = run(APIR_GRAPH_RUN_COMPUTES | APIR_GRAPH_RUN_SENDS_GRAPH, 0, 0, APIR_PROTOCOL_MINOR, g.size(), 2);
+        send(name, c);
+    };
+    std::vector<apir_rpc_tensor> ts = { f32(1, 0, 16) };
+    ts[0].src[0] = 99;  // no tensor 99 in the graph: upstream's tensor_ptrs.at threw
+    graph("graph source unknown", ts);
+    graph("graph tensor past its buffer", { f32(1, 4096 - 8, 16) });  // upstream: GGML_ASSERT, the host aborted
+    ts = { f32(1, 0, 16) };
+    ts[0].buffer = 0;  // upstream kept it, with the guest's number as its address
+    ts[0].data   = 0x1000;
+    graph("graph tensor of no buffer", ts);
+    // A chain of sources far deeper than upstream's recursion had stack for: refused by nothing, built
+    // without recursion, and run (one node whose op is NONE).
+    ts.clear();
+    for (uint64_t id = 1; id <= 300000; id++) {
+        ts.push_back(f32(id, 0, 1));
+        ts.back().src[0] = id < 300000 ? id + 1 : 0;
+    }
+    graph("graph of a 300000-long chain of sources", ts);
+    g_big.clear();
+    ts.clear();
+    // SET_TENSOR of 8192 bytes into a tensor of 64 (in a buffer of 4096): upstream copied them all.
+    apir_rpc_tensor small = f32(1, 0, 16), half = f32(2, 1024, 8);
+    command set;
+    set.put<uint64_t>(buffer);
+    set.put(small);
+    set.put<uint32_t>(1);
+    set.put<uint64_t>(0);
+    set.put<uint64_t>(8192);
+    send_as("set_tensor past its tensor", APIR_COMMAND_TYPE_BUFFER_SET_TENSOR, set);
+    // CPY_TENSOR from 16 floats into 8: upstream's CPU buffer copied ggml_nbytes(src).
+    command cpy;
+    cpy.put<uint64_t>(buffer);
+    cpy.put(small);
+    cpy.put(half);
+    send_as("copy into a smaller tensor", APIR_COMMAND_TYPE_BUFFER_CPY_TENSOR, cpy);
     return 0;
 }
 #endif

@@ -65,7 +65,8 @@ HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
                 "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
                 "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
-                "0017-ggml-virtgpu-backend-use-counts.patch")
+                "0017-ggml-virtgpu-backend-use-counts.patch",
+                "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch")
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,8 @@ USES_SHARED, USES_GUEST, USES_HOST = (
     "0016-ggml-virtgpu-send-use-counts.patch",
     "0017-ggml-virtgpu-backend-use-counts.patch",
 )
+# Host library only, no protocol change: hostile tensors and graphs refused.
+HOSTILE = "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch"
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -73,13 +75,14 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
                                                                                       OUT_GUEST, RUN_LATER,
                                                                                       USES_SHARED, USES_GUEST))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
-                                                                                    OUT_HOST, USES_SHARED, USES_HOST))
+                                                                                    OUT_HOST, USES_SHARED, USES_HOST,
+                                                                                    HOSTILE))
     assert before.host_patches[-1].startswith("0005-")
     assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
 def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0_5() -> None:
-    assert ggml_build.HOST_PATCHES[-7:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST)
+    assert ggml_build.HOST_PATCHES[-8:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST, HOSTILE)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
@@ -89,7 +92,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0
         assert build is not None
         names = [Path(p).name for p in build.patches]
         assert names[-8:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST], name
-        assert not {HOST, ZERO, OUT_HOST, USES_HOST} & set(names), name
+        assert not {HOST, ZERO, OUT_HOST, USES_HOST, HOSTILE} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 5, 2)
 
@@ -119,6 +122,20 @@ def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> 
                                   "compute_us": 4.0, "copy_us": 0.1}}
     assert bench.totals(prof)["compute_us"] == 4.0 and bench.totals(prof)["n"] == 1.0
 
+
+
+def test_the_side_by_side_gives_the_ratio_of_medians_beside_the_ratio_of_means() -> None:
+    bench = _bench()
+    # one slow first repetition, as pp512 on the H100 showed (28,441 among thirty near 53,500)
+    native = {"avg_ts": 50000.0, "stddev_ts": 6000.0, "samples_ts": [28000.0, 53000.0, 53500.0, 53400.0]}
+    assert bench.median_ts(native) == 53200.0 and bench.median_ts({"avg_ts": 1.0}) is None
+    side = {"ts": 1.0, "sd": 0.0, "total": {"n": 1.0, "encode_us": 0.0, "reply_us": 0.0, "host_us": 0.0}}
+    results = {"pp512": {"native": {"ts": 50000.0, "sd": 6000.0, "median": 53200.0},
+                         "before": {**side, "median": None}, "after": {**side, "ts": 45000.0, "median": 50540.0}}}
+    row = bench.ratio_rows(results)[0]
+    assert row["after_over_native"] == 0.9 and row["after_over_native_median"] == 0.95
+    results["pp512"]["native"]["median"] = None  # an older llama-bench without samples: no median ratio
+    assert bench.ratio_rows(results)[0]["after_over_native_median"] is None
 
 
 def test_first_diff_names_the_first_token_where_the_route_leaves_native() -> None:
@@ -204,7 +221,9 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
     # outputs are copied inside GRAPH_RUN (the host's copy time); a few microseconds on the CPU target, too
     # small to compare between runs, so only its presence is asserted: the right values above are the proof.
     run12, run2 = counts[12]["graph_run"], counts[2]["graph_run"]
-    assert run12["decode_ns"] - run2["decode_ns"] < (run12["compute_ns"] - run2["compute_ns"])
+    # (Ten more tokens decode less than the first run's one whole graph: compared with decode time, not with
+    # compute, whose first token carries the CPU backend's start and swings by tens of ms on a loaded machine.)
+    assert run12["decode_ns"] - run2["decode_ns"] < run2["decode_ns"], (run2, run12)
     assert run12["compute_ns"] > 0 and run12["copy_ns"] > 0 and run2["copy_ns"] > 0
 
 
@@ -269,9 +288,9 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
     assert proc.returncode != 0
     assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.5" in proc.stderr
     assert "backend function 'backend_graph_compute' failed" in proc.stderr
-    # A 0.3 guest's GRAPH_RUN (no read fields), a 0.4 guest's (no use counts), hostile read records and a
-    # graph cut short of its use counts, sent to the host's dispatcher as virglrenderer hands them over:
-    # each refused with its code and a log line, before anything runs.
+    # A 0.3 guest's GRAPH_RUN (no read fields), a 0.4 guest's (no use counts), hostile read records, a graph
+    # cut short of its use counts, and (0018) hostile tensors, graphs and handles, sent to the host's dispatcher
+    # as virglrenderer hands them over: each refused with its code and a log line, before anything runs.
     env = loopback_no_chroot.run_env(dirs, "cpu")
     proc = subprocess.run([str(dirs.bin / "graph-run-refusals"), env["VIRGL_APIR_BACKEND_LIBRARY"],
                            env["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"], env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"]],
@@ -285,9 +304,17 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
     # APIR_GRAPH_RUN_BAD_REQUEST (1), each with the host's reason; the control case gets as far as the graph
     assert codes == {"read of an unknown buffer": "1", "reads_size short of n_reads": "1",
                      "reads without compute": "1", "no reads, unknown graph": "3",
-                     "graph short of its use counts": "1"}, codes
+                     "graph short of its use counts": "1",
+                     # 0018: what upstream's host trusted, each refused with an error and the host alive for
+                     # the next; the deep chain is a well-formed graph, built without recursion and run
+                     "buffer type never given out": "1", "graph source unknown": "1",
+                     "graph tensor past its buffer": "1", "graph tensor of no buffer": "1",
+                     "graph of a 300000-long chain of sources": "0", "set_tensor past its tensor": "1",
+                     "copy into a smaller tensor": "1"}, codes
     assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
-    assert proc.stderr.count("Failed to deserialize computation graph") == 1, proc.stderr
+    assert proc.stderr.count("Failed to deserialize computation graph") == 4, proc.stderr
+    assert "a buffer type this host never gave out: 0x4141414141414141" in proc.stderr
+    assert "malformed tensor from the guest" in proc.stderr and "malformed tensor copy from the guest" in proc.stderr
 
 
 @pytest.mark.slow
