@@ -22,6 +22,7 @@
 #include "ggml-impl.h"  // struct ggml_cgraph and ggml_node_get_use_count: the counts the host must get (0015)
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "check-backends.h"
 
 #include <cmath>
 #include <cstdio>
@@ -53,18 +54,14 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "graph-run-check: tokens, ubatches, guest-memory or sync, not %s\n", mode.c_str());
         return 2;
     }
-    ggml_backend_load_all();
-    ggml_backend_dev_t dev = ggml_backend_dev_by_name(argv[1]);
-    if (!dev || tokens <= 0) {
-        fprintf(stderr, "graph-run-check: no device %s (or TOKENS not positive)\n", argv[1]);
+    if (tokens <= 0) {
+        fprintf(stderr, "graph-run-check: TOKENS must be positive, not %s\n", argv[2]);
         return 2;
     }
-    ggml_backend_t remote = ggml_backend_dev_init(dev, nullptr);
-    ggml_backend_t cpu    = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-    if (!remote || !cpu) {
-        fprintf(stderr, "graph-run-check: cannot start the backends\n");
-        return 1;
-    }
+    const check_backends started = start_check_backends("graph-run-check", argv[1]);
+    ggml_backend_dev_t   dev     = started.dev;
+    ggml_backend_t       remote  = started.remote;
+    ggml_backend_t       cpu     = started.cpu;
 
     // The weights, in a buffer of the remote device, set once (as a model load does).
     ggml_init_params wparams = { 4 * ggml_tensor_overhead(), nullptr, true };

@@ -15,6 +15,7 @@
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "check-backends.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -30,18 +31,9 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "wide-reads-check: OUTPUTS 1-16, MIB 1-64, RUNS positive\n");
         return 2;
     }
-    ggml_backend_load_all();
-    ggml_backend_dev_t dev = ggml_backend_dev_by_name(argv[1]);
-    if (!dev) {
-        fprintf(stderr, "wide-reads-check: no device %s\n", argv[1]);
-        return 2;
-    }
-    ggml_backend_t remote = ggml_backend_dev_init(dev, nullptr);
-    ggml_backend_t cpu    = ggml_backend_init_by_type(GGML_BACKEND_DEVICE_TYPE_CPU, nullptr);
-    if (!remote || !cpu) {
-        fprintf(stderr, "wide-reads-check: cannot start the backends\n");
-        return 1;
-    }
+    const check_backends started = start_check_backends("wide-reads-check", argv[1]);
+    ggml_backend_t       remote  = started.remote;
+    ggml_backend_t       cpu     = started.cpu;
     const int64_t n = (int64_t) mib << 18;  // floats in MIB MiB
 
     ggml_init_params gparams = { (size_t) (2 * outputs + 2) * ggml_tensor_overhead() + ggml_graph_overhead(),
