@@ -82,13 +82,13 @@ int main(int argc, char ** argv) {
         return 2;
     }
     char reply[256];
-    auto call = [&](uint32_t type, command & c) {
+    auto call = [&](uint32_t type, command & c, uint32_t ctx_id = 1) {  // the virgl context the command came from
         char * after = reply;
-        return dispatch(1, &cbs, type, c.bytes.data(), c.bytes.data() + c.bytes.size(), reply, reply + sizeof(reply),
-                        &after);
+        return dispatch(ctx_id, &cbs, type, c.bytes.data(), c.bytes.data() + c.bytes.size(), reply,
+                        reply + sizeof(reply), &after);
     };
-    auto send_as = [&](const char * name, uint32_t type, command & c) {
-        uint32_t rc = call(type, c);
+    auto send_as = [&](const char * name, uint32_t type, command & c, uint32_t ctx_id = 1) {
+        uint32_t rc = call(type, c, ctx_id);
         printf("%s: return code %u\n", name, rc);
         fflush(stdout);
     };
@@ -108,13 +108,13 @@ int main(int argc, char ** argv) {
 
     // The current layout from here on: the read fields follow graph_size; the records sit in resource 1.
     auto run = [&](uint32_t flags, uint32_t n_reads, uint64_t reads_size, uint32_t minor = APIR_PROTOCOL_MINOR,
-                   uint64_t graph_size = 0, uint32_t res_id = 1) {
+                   uint64_t graph_size = 0, uint32_t res_id = 1, uint64_t uid = 0) {
         command c;
         c.put<uint32_t>(APIR_PROTOCOL_MAJOR);
         c.put<uint32_t>(minor);
         c.put<uint32_t>(flags);
         c.put<uint32_t>(res_id);
-        c.put<uint64_t>(0);  // no graph this host holds: once the reads pass, GRAPH_UNKNOWN
+        c.put<uint64_t>(uid);  // 0: no graph this host holds; once the reads pass, GRAPH_UNKNOWN
         c.put<uint32_t>(0);
         c.put<uint64_t>(0);
         c.put<uint64_t>(graph_size);
@@ -193,7 +193,7 @@ int main(int argc, char ** argv) {
         return t;
     };
     // A graph of one node (id 1) and its tensors, in resource 2, sent and computed.
-    auto graph = [&](const char * name, const std::vector<apir_rpc_tensor> & tensors) {
+    auto graph = [&](const char * name, const std::vector<apir_rpc_tensor> & tensors, uint64_t uid = 0) {
         std::vector<char> g;
         auto              put = [&](const void * p, size_t n) { g.insert(g.end(), (const char *) p, (const char *) p + n); };
         uint32_t          n_nodes = 1, n_tensors = (uint32_t) tensors.size(), uses = 0;
@@ -205,7 +205,8 @@ int main(int argc, char ** argv) {
         put(&uses, 4);
         g_big.assign(g.size() / 8 + 1, 0);
         memcpy(g_big.data(), g.data(), g.size());
-        command c = run(APIR_GRAPH_RUN_COMPUTES | APIR_GRAPH_RUN_SENDS_GRAPH, 0, 0, APIR_PROTOCOL_MINOR, g.size(), 2);
+        command c = run(APIR_GRAPH_RUN_COMPUTES | APIR_GRAPH_RUN_SENDS_GRAPH, 0, 0, APIR_PROTOCOL_MINOR, g.size(), 2,
+                        uid);
         send(name, c);
     };
     std::vector<apir_rpc_tensor> ts = { f32(1, 0, 16) };
@@ -216,6 +217,14 @@ int main(int argc, char ** argv) {
     ts[0].buffer = 0;  // upstream kept it, with the guest's number as its address
     ts[0].data   = 0x1000;
     graph("graph tensor of no buffer", ts);
+    ts = { f32(1, 0, 1) };  // strides 0, so its bytes fit: upstream's ggml_new_tensor_4d asserted on the count
+    ts[0].ne[1] = ts[0].ne[2] = 0xffffffffu;
+    ts[0].nb[1] = ts[0].nb[2] = ts[0].nb[3] = ts[0].nb[0] = 0;
+    graph("graph tensor of more elements than an int64_t counts", ts);
+    ts = { f32(1, 0, 16), f32(2, 0, 16) };  // a view whose offset points far past its source
+    ts[0].view_src  = 2;
+    ts[0].view_offs = 1ull << 40;
+    graph("graph view past its source", ts);
     // A chain of sources far deeper than upstream's recursion had stack for: refused by nothing, built
     // without recursion, and run (one node whose op is NONE).
     ts.clear();
@@ -224,6 +233,14 @@ int main(int argc, char ** argv) {
         ts.back().src[0] = id < 300000 ? id + 1 : 0;
     }
     graph("graph of a 300000-long chain of sources", ts);
+    // The graph the host holds, sent by virgl context 1 with uid 7, then named by its uid: by context 1 it
+    // runs; by context 2 (another guest process: uids are counted per process) it is GRAPH_UNKNOWN (3), so
+    // that context sends its own graph, where upstream's host, serving every context in one process as krunkit
+    // does, would have run context 1's.
+    graph("a graph held for context 1", { f32(1, 0, 16) }, 7);
+    command by_uid = run(APIR_GRAPH_RUN_COMPUTES, 0, 0, APIR_PROTOCOL_MINOR, 0, 1, 7);
+    send_as("its uid from context 1", APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, by_uid, 1);
+    send_as("its uid from context 2", APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, by_uid, 2);
     g_big.clear();
     ts.clear();
     // SET_TENSOR of 8192 bytes into a tensor of 64 (in a buffer of 4096): upstream copied them all.
