@@ -56,8 +56,6 @@ CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu
        "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch",
        "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch", "0016-ggml-virtgpu-send-use-counts.patch",
        "0017-ggml-virtgpu-backend-use-counts.patch")
-# Not part of the cut, but written on top of it (its hunks need the cut's code): "before" lacks them too.
-ON_THE_CUT = ("0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",)
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 
@@ -72,9 +70,11 @@ class Variant:
 def variants() -> tuple[Variant, Variant]:
     guest, host = tuple(loopback.guest_patches()), tuple(loopback.HOST_PATCHES)
     assert set(CUT) <= set(guest) | set(host), "the cut is part of the series"
-    left_out = (*CUT, *ON_THE_CUT)
-    return (Variant("before", tuple(p for p in guest if p not in left_out),
-                    tuple(p for p in host if p not in left_out)),
+    # A host patch after the cut's last (0018, the host's refusals) is written on top of it: its hunks need the
+    # cut's code, so "before" lacks it too.
+    last = max(host.index(p) for p in CUT if p in host)
+    return (Variant("before", tuple(p for p in guest if p not in CUT),
+                    tuple(p for p in host[:last + 1] if p not in CUT)),
             Variant("after", guest, host))
 
 

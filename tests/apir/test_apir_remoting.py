@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -174,11 +175,16 @@ def _loopback(tmp_path: Path, name: str, guest: tuple[str, ...], host: tuple[str
     return dirs
 
 
+def _loopback_env(dirs: loopback_no_chroot.HostDirs, stats: Path, **extra: str) -> dict[str, str]:
+    """The loopback's checks on the remote CPU without host-pointer buffers, as a GPU (tensor data crosses as
+    commands), counting into ``stats``; only the system's default PATH (os.defpath), nothing of this shell's."""
+    return {"PATH": os.defpath, **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
+            "APIR_LOOPBACK_NO_HOST_PTR": "1", **extra}
+
+
 def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path,
                   mode: str = "tokens") -> subprocess.CompletedProcess[str]:
-    # The remote CPU without host-pointer buffers, as a GPU: tensor data crosses as commands.
-    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
-           "APIR_LOOPBACK_NO_HOST_PTR": "1"}
+    env = _loopback_env(dirs, stats)
     return subprocess.run([str(dirs.bin / "graph-run-check"), loopback.TARGETS["cpu"][2], str(tokens), mode],
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -236,8 +242,7 @@ def test_reads_of_one_run_that_overflow_the_data_pages_cross_after_it_and_no_blo
     data_pages = int(re.search(r"#define SHMEM_DATA_SIZE\s+(0x[0-9a-fA-F]+)",
                                (dirs.work / "src/ggml/src/ggml-virtgpu/virtgpu.h").read_text())[1], 16)
     stats = tmp_path / "stats.json"
-    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
-           "APIR_LOOPBACK_NO_HOST_PTR": "1", "APIR_LOOPBACK_BLOB_MAX": str(data_pages)}
+    env = _loopback_env(dirs, stats, APIR_LOOPBACK_BLOB_MAX=str(data_pages))
     proc = subprocess.run([str(dirs.bin / "wide-reads-check"), loopback.TARGETS["cpu"][2], "4", "8", "2"], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
     out = proc.stdout + proc.stderr
@@ -253,8 +258,7 @@ def test_reads_of_one_run_that_overflow_the_data_pages_cross_after_it_and_no_blo
 
 
 def _alloc_size_check(dirs: loopback_no_chroot.HostDirs, pad: int, stats: Path) -> subprocess.CompletedProcess[str]:
-    env = {"PATH": "/usr/bin:/bin", **loopback_no_chroot.bench_env(dirs, "cpu"), "APIR_LOOPBACK_STATS": str(stats),
-           "APIR_LOOPBACK_NO_HOST_PTR": "1", "APIR_LOOPBACK_ALLOC_PAD": str(pad)}
+    env = _loopback_env(dirs, stats, APIR_LOOPBACK_ALLOC_PAD=str(pad))
     return subprocess.run([str(dirs.bin / "alloc-size-check"), loopback.TARGETS["cpu"][2], str(pad)], env=env,
                           capture_output=True, text=True, timeout=300, check=False)
 
