@@ -44,7 +44,8 @@ effectiveStdenv.mkDerivation (finalAttrs: {
   # APIR 0.3 (0006 shared with the guest series, 0008): a token's writes and graph in one round trip;
   # APIR 0.4 (0011 shared, 0013): the outputs the guest reads come back with the graph run;
   # APIR 0.5 (0015 shared, 0017): the decoded graph gets the guest's use counts (ops fused as natively).
-  # 0018: tensors and graphs a hostile guest sends are refused, not trusted (no protocol change).
+  # 0018: tensors and graphs a hostile guest sends are refused, not trusted (no protocol change);
+  # 0019: the tensors of SET/GET/CPY_TENSOR freed when the command returns (each left a context behind).
   patches = [
     ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch
     ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
@@ -56,6 +57,7 @@ effectiveStdenv.mkDerivation (finalAttrs: {
     ../../patches/llama.cpp/0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch
     ../../patches/llama.cpp/0017-ggml-virtgpu-backend-use-counts.patch
     ../../patches/llama.cpp/0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch
+    ../../patches/llama.cpp/0019-ggml-virtgpu-backend-free-decoded-tensors.patch
   ];
 
   nativeBuildInputs = [

@@ -8,7 +8,8 @@ tree with the series (CPU target, no VM): the patched headers say the pinned pro
 decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
 GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches; into
 the device's host buffer the host writes them itself, into guest memory they are copied; the host's
-graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message,
+graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message, so are
+hostile tensors and graphs (0018), tensor commands leave nothing on the host's heap (0019),
 and greedy decoding through the route gives the same tokens as native (the CI gate: correctness, never speed).
 """
 
@@ -53,6 +54,8 @@ USES_SHARED, USES_GUEST, USES_HOST = (
 )
 # Host library only, no protocol change: hostile tensors and graphs refused.
 HOSTILE = "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch"
+# Host library only, no protocol change: the tensors of SET/GET/CPY_TENSOR freed when the command returns.
+FREED = "0019-ggml-virtgpu-backend-free-decoded-tensors.patch"
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -77,13 +80,14 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
                                                                                       USES_SHARED, USES_GUEST))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
                                                                                     OUT_HOST, USES_SHARED, USES_HOST,
-                                                                                    HOSTILE))
+                                                                                    HOSTILE, FREED))
     assert before.host_patches[-1].startswith("0005-")
     assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
 def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0_5() -> None:
-    assert ggml_build.HOST_PATCHES[-8:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST, HOSTILE)
+    assert ggml_build.HOST_PATCHES[-9:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST, HOSTILE,
+                                            FREED)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
@@ -93,7 +97,7 @@ def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0
         assert build is not None
         names = [Path(p).name for p in build.patches]
         assert names[-8:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST], name
-        assert not {HOST, ZERO, OUT_HOST, USES_HOST, HOSTILE} & set(names), name
+        assert not {HOST, ZERO, OUT_HOST, USES_HOST, HOSTILE, FREED} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
     assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 5, 2)
 
@@ -321,6 +325,11 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
     assert proc.stderr.count("Failed to deserialize computation graph") == 6, proc.stderr
     assert "a buffer type this host never gave out: 0x4141414141414141" in proc.stderr
     assert "malformed tensor from the guest" in proc.stderr and "malformed tensor copy from the guest" in proc.stderr
+    # 0019: 150,003 well-formed SET/GET/CPY_TENSOR, each answered 0; without the fix each left a ggml context
+    # on the heap: 88,202,992 bytes in all here, against 6,896 with it
+    heap = re.search(r"^tensor commands: (\d+) sent, (\d+) failed, heap grown by (-?\d+) bytes$", proc.stdout, re.M)
+    assert heap, proc.stdout
+    assert (int(heap[1]), int(heap[2])) == (150003, 0) and int(heap[3]) < 1 << 20, heap[0]
 
 
 @pytest.mark.slow
