@@ -9,7 +9,8 @@
 //   graph-run-refusals BACKEND_LIB GGML_LIB REG_SYMBOL
 //
 // Prints one line per case, "CASE: return code N", then the host's log lines are on stderr; last, how much the
-// host's heap grew over 150,003 well-formed tensor commands (0019).
+// host's heap grew over 150,003 well-formed tensor commands (0019), and what several virgl contexts in this
+// one process get (0020).
 // Exit status 0 once every case was sent (the test reads the codes); 2 when the library cannot start.
 
 #include "backend/shared/api_remoting.h"
@@ -287,8 +288,76 @@ int main(int argc, char ** argv) {
         failed += round();
     }
     const size_t held_after = mallinfo2().uordblks;
-    printf("tensor commands: %d sent, %d failed, heap grown by %lld bytes\n", 3 * (rounds + 1), failed,
-           (long long) held_after - (long long) held_before);
+    printf("tensor commands: %d sent, %d failed, heap grown by %lld bytes (held before: %zu)\n", 3 * (rounds + 1),
+           failed, (long long) held_after - (long long) held_before, held_before);
+
+    // 0020. Several virgl contexts in this one process, as krunkit serves its guest's processes: virglrenderer
+    // initializes the library for each context and deinitializes it as each goes. Upstream refused every
+    // context after the first (ALREADY_INITED), and the first to go freed every context's buffers.
+    auto deinit = (void (*)(uint32_t)) dlsym(lib, "apir_backend_deinit");
+    if (!deinit) {
+        fprintf(stderr, "graph-run-refusals: no apir_backend_deinit\n");
+        return 2;
+    }
+    // a buffer of 4096 bytes made for ctx_id, 0 when refused
+    auto alloc_for = [&](uint32_t ctx_id) -> uint64_t {
+        command none_c, alloc_c;
+        if (call(APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none_c, ctx_id) != 0) {
+            return 0;
+        }
+        uint64_t buft_c = 0, made = 0;
+        memcpy(&buft_c, reply, 8);
+        alloc_c.put<uint64_t>(buft_c);
+        alloc_c.put<uint64_t>(4096);
+        if (call(APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, alloc_c, ctx_id) != 0) {
+            return 0;
+        }
+        memcpy(&made, reply, 8);
+        return made;
+    };
+    // 16 floats of `value` written into that buffer from resource 1 and read back: 0 when they come back
+    auto round_trip = [&](uint32_t ctx_id, uint64_t buf, float value) -> int {
+        apir_rpc_tensor t = f32(1, 0, 16);
+        t.buffer          = buf;
+        float in[16], out[16];
+        for (float & v : in) {
+            v = value;
+        }
+        memcpy(g_shmem, in, sizeof(in));
+        command w, r;
+        for (command * c : { &w, &r }) {
+            c->put<uint64_t>(buf);
+            c->put(t);
+            c->put<uint32_t>(1);
+            c->put<uint64_t>(0);
+            c->put<uint64_t>(sizeof(in));
+        }
+        if (call(APIR_COMMAND_TYPE_BUFFER_SET_TENSOR, w, ctx_id) != 0) {
+            return 1;
+        }
+        memset(g_shmem, 0, sizeof(out));
+        if (call(APIR_COMMAND_TYPE_BUFFER_GET_TENSOR, r, ctx_id) != 0) {
+            return 1;
+        }
+        memcpy(out, g_shmem, sizeof(out));
+        return memcmp(in, out, sizeof(in)) != 0;
+    };
+    printf("context 2 init: %u\n", init(2, &cbs));  // 6: the library's success, as the first context's
+    uint64_t of_1 = alloc_for(1), of_2 = alloc_for(2);
+    printf("contexts 1 and 2 each with a buffer: %d\n", of_1 && of_2 && !round_trip(1, of_1, 1.5f) &&
+                                                          !round_trip(2, of_2, 2.5f));
+    deinit(1);
+    printf("after context 1 went, context 2's buffer: %d\n", round_trip(2, of_2, 3.5f));  // 0: still its own
+    printf("after context 1 went, context 1's buffer: %d\n", round_trip(2, of_1, 4.5f));  // 1: freed, refused
+    deinit(2);
+    uint32_t again = init(3, &cbs);  // every context gone: a fresh start
+    uint64_t of_3  = alloc_for(3);
+    printf("context 3 after all went: init %u, buffer %d\n", again, of_3 ? round_trip(3, of_3, 5.5f) : 1);
+    const char * loaded = g_lib;  // a context of this process naming another ggml library than the one loaded
+    g_lib               = "/krun-gpu/another/libggml-cpu.so";
+    printf("context 4 asking for another library: init %u\n", init(4, &cbs));  // 13: 6 + ALREADY_INITED
+    g_lib = loaded;
+    deinit(3);
     return 0;
 }
 #endif

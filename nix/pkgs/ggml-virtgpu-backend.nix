@@ -45,7 +45,8 @@ effectiveStdenv.mkDerivation (finalAttrs: {
   # APIR 0.4 (0011 shared, 0013): the outputs the guest reads come back with the graph run;
   # APIR 0.5 (0015 shared, 0017): the decoded graph gets the guest's use counts (ops fused as natively).
   # 0018: tensors and graphs a hostile guest sends are refused, not trusted (no protocol change);
-  # 0019: the tensors of SET/GET/CPY_TENSOR freed when the command returns (each left a context behind).
+  # 0019: the tensors of SET/GET/CPY_TENSOR freed when the command returns (each left a context behind);
+  # 0020: krunkit's guest processes (virgl contexts in its one process) share the backend, not one at a time.
   patches = [
     ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch
     ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
@@ -58,6 +59,7 @@ effectiveStdenv.mkDerivation (finalAttrs: {
     ../../patches/llama.cpp/0017-ggml-virtgpu-backend-use-counts.patch
     ../../patches/llama.cpp/0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch
     ../../patches/llama.cpp/0019-ggml-virtgpu-backend-free-decoded-tensors.patch
+    ../../patches/llama.cpp/0020-ggml-virtgpu-backend-serve-several-contexts.patch
   ];
 
   nativeBuildInputs = [

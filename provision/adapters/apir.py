@@ -1,7 +1,8 @@
 """ctypes: drive libggml-virtgpu-backend the way virglrenderer's APIR loader does, without a VM.
 
-The library keeps all of its state process-global (the registered backend, the device, the
-ggml logger) and crashes if the dispatcher runs before a successful initialize, so every
+The library keeps its state process-global (the registered backend, the device, the ggml logger;
+contexts of one process share them, patch 0020) and crashes if the dispatcher runs before a
+successful initialize, so every
 probe runs in a FRESH Python subprocess (``python -m provision.adapters.apir_child --child``) that
 prints one ``RESULT {json}`` line. The parent never loads the library.
 

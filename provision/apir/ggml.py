@@ -57,7 +57,8 @@ _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
 # padding of quantized rows, which its init_tensor would zero, is never initialized otherwise);
 # 0011 + 0013: APIR 0.4, the outputs a guest reads after a graph copied into its pages with the run;
 # 0015 + 0017: APIR 0.5, the decoded graph gets the guest's use counts, so the backend fuses ops;
-# 0018: what a hostile guest sends is refused; 0019: a tensor command's tensors freed when it returns.
+# 0018: what a hostile guest sends is refused; 0019: a tensor command's tensors freed when it returns;
+# 0020: several virgl contexts in one process (krunkit's) share the backend, each freeing its own buffers.
 HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
                 "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
@@ -68,7 +69,8 @@ HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
                 "0017-ggml-virtgpu-backend-use-counts.patch",
                 "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",
-                "0019-ggml-virtgpu-backend-free-decoded-tensors.patch")
+                "0019-ggml-virtgpu-backend-free-decoded-tensors.patch",
+                "0020-ggml-virtgpu-backend-serve-several-contexts.patch")
 
 
 @dataclass(frozen=True)

@@ -94,8 +94,9 @@ def fix_for(result: ProbeResult, settings: ApirSettings) -> str:
         return ("the ggml backend sees no device: check the driver (nvidia-smi / vulkaninfo) and that "
                 "CUDA_VISIBLE_DEVICES / GGML_VK_VISIBLE_DEVICES in the hypervisor's environment are not empty")
     if name == "ALREADY_INITED":
-        return ("APIR was already initialized in this process (state is process-global): "
-                "restart the hypervisor; each VM needs its own render worker process")
+        return ("another virgl context of this hypervisor process loaded a different ggml library: every "
+                "context of one process shares one (patch 0020); give the hypervisor one "
+                "APIR_LLAMA_CPP_GGML_LIBRARY_PATH and APIR_LLAMA_CPP_GGML_LIBRARY_REG, and restart it to change them")
     if name == "BACKEND_INIT_FAILED":
         return "the backend found a device but could not initialize it: read the ggml log lines above"
     if result.stage == "dispatch":

@@ -245,12 +245,13 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
         assert flag in flags
     patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
     assert [store_basename(p) for p in patches] == list(ggml_build.HOST_PATCHES)
-    assert list(ggml_build.HOST_PATCHES[-6:]) == ["0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
+    assert list(ggml_build.HOST_PATCHES[-7:]) == ["0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
                                                   "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
                                                   "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
                                                   "0017-ggml-virtgpu-backend-use-counts.patch",
                                                   "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",
-                                                  "0019-ggml-virtgpu-backend-free-decoded-tensors.patch"]
+                                                  "0019-ggml-virtgpu-backend-free-decoded-tensors.patch",
+                                                  "0020-ggml-virtgpu-backend-serve-several-contexts.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 
