@@ -196,7 +196,8 @@ int main(int argc, char ** argv) {
         return t;
     };
     // A graph of one node (id 1) and its tensors, in resource 2, sent and computed.
-    auto graph = [&](const char * name, const std::vector<apir_rpc_tensor> & tensors, uint64_t uid = 0) {
+    auto graph = [&](const char * name, const std::vector<apir_rpc_tensor> & tensors, uint64_t uid = 0,
+                     uint32_t ctx_id = 1) {
         std::vector<char> g;
         auto              put = [&](const void * p, size_t n) { g.insert(g.end(), (const char *) p, (const char *) p + n); };
         uint32_t          n_nodes = 1, n_tensors = (uint32_t) tensors.size(), uses = 0;
@@ -210,7 +211,7 @@ int main(int argc, char ** argv) {
         memcpy(g_big.data(), g.data(), g.size());
         command c = run(APIR_GRAPH_RUN_COMPUTES | APIR_GRAPH_RUN_SENDS_GRAPH, 0, 0, APIR_PROTOCOL_MINOR, g.size(), 2,
                         uid);
-        send(name, c);
+        send_as(name, APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, c, ctx_id);
     };
     std::vector<apir_rpc_tensor> ts = { f32(1, 0, 16) };
     ts[0].src[0] = 99;  // no tensor 99 in the graph: upstream's tensor_ptrs.at threw
@@ -243,6 +244,7 @@ int main(int argc, char ** argv) {
     graph("a graph held for context 1", { f32(1, 0, 16) }, 7);
     command by_uid = run(APIR_GRAPH_RUN_COMPUTES, 0, 0, APIR_PROTOCOL_MINOR, 0, 1, 7);
     send_as("its uid from context 1", APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, by_uid, 1);
+    init(2, &cbs);  // a second guest process, initialized as virglrenderer does it (0020: shared; before, 13)
     send_as("its uid from context 2", APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, by_uid, 2);
     g_big.clear();
     ts.clear();
@@ -349,14 +351,24 @@ int main(int argc, char ** argv) {
     deinit(1);
     printf("after context 1 went, context 2's buffer: %d\n", round_trip(2, of_2, 3.5f));  // 0: still its own
     printf("after context 1 went, context 1's buffer: %d\n", round_trip(2, of_1, 4.5f));  // 1: freed, refused
+    fprintf(stderr, "graph-run-refusals: the last context goes\n");
     deinit(2);
+    fprintf(stderr, "graph-run-refusals: the next context comes\n");
     uint32_t again = init(3, &cbs);  // every context gone: a fresh start
     uint64_t of_3  = alloc_for(3);
     printf("context 3 after all went: init %u, buffer %d\n", again, of_3 ? round_trip(3, of_3, 5.5f) : 1);
+    buffer = of_3;  // f32() makes tensors in it: a graph on the backend made afresh
+    graph("a graph run by context 3 after a fresh start", { f32(1, 0, 16) }, 0, 3);
+    g_big.clear();
+    command none_9;  // a context virglrenderer forwards though it was never initialized
+    send_as("a command of a context never initialized", APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none_9, 9);
     const char * loaded = g_lib;  // a context of this process naming another ggml library than the one loaded
     g_lib               = "/krun-gpu/another/libggml-cpu.so";
     printf("context 4 asking for another library: init %u\n", init(4, &cbs));  // 13: 6 + ALREADY_INITED
     g_lib = loaded;
+    send_as("a command of the refused context", APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none_9, 4);
+    deinit(4);  // refused, so it has nothing to free: context 3 keeps the backend
+    printf("context 3 after context 4 went: buffer %d\n", round_trip(3, of_3, 6.5f));
     deinit(3);
     return 0;
 }

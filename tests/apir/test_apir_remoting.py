@@ -323,7 +323,11 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
                      "graph tensor of more elements than an int64_t counts": "1", "graph view past its source": "1",
                      "a graph held for context 1": "0", "its uid from context 1": "0", "its uid from context 2": "3",
                      "graph of a 300000-long chain of sources": "0", "set_tensor past its tensor": "1",
-                     "copy into a smaller tensor": "1"}, codes
+                     "copy into a smaller tensor": "1",
+                     # 0020: the backend made afresh after the last context went runs a graph; the commands
+                     # of a context never initialized, or refused, are refused (upstream ran them)
+                     "a graph run by context 3 after a fresh start": "0",
+                     "a command of a context never initialized": "1", "a command of the refused context": "1"}, codes
     assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
     assert proc.stderr.count("Failed to deserialize computation graph") == 6, proc.stderr
     assert "a buffer type this host never gave out: 0x4141414141414141" in proc.stderr
@@ -340,9 +344,13 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
     lines = [line for line in proc.stdout.splitlines() if line.startswith(("context", "after context"))]
     assert lines == ["context 2 init: 6", "contexts 1 and 2 each with a buffer: 1",
                      "after context 1 went, context 2's buffer: 0", "after context 1 went, context 1's buffer: 1",
-                     "context 3 after all went: init 6, buffer 0", "context 4 asking for another library: init 13"
-                     ], proc.stdout
+                     "context 3 after all went: init 6, buffer 0", "context 4 asking for another library: init 13",
+                     "context 3 after context 4 went: buffer 0"], proc.stdout
     assert "context 4 asks for another GGML library than the one loaded" in proc.stderr
+    assert "context 9 has no backend" in proc.stderr and "context 4 has no backend" in proc.stderr
+    # the last context's deinit tore the backend down (context 3 did not just share the old one)
+    torn = re.search(r"the last context goes\n(.*)graph-run-refusals: the next context comes\n", proc.stderr, re.S)
+    assert torn and "The GGML backend library was loaded. Unloading it." in torn[1], proc.stderr[-2000:]
 
 
 @pytest.mark.slow
