@@ -133,6 +133,33 @@ def apir_checks(bench: str) -> list[Check]:
     ]
 
 
+_TOGETHER = re.compile(r"^== (first|second) \(exit (\d+)\)$", re.M)
+
+
+def apir_together_check(text: str) -> Check:
+    """Two llama-bench processes of one guest at once (checks/macos-apir): each is a virgl context of its own,
+    and krunkit serves them all in its one process. The host library shares its backend between them since
+    patch 0020; without it the second was refused (ALREADY_INITED) and the first to exit freed the other's
+    buffers."""
+    marks = list(_TOGETHER.finditer(text))
+    if [m[1] for m in marks] != ["first", "second"]:
+        return Check("apir.two-processes", "fail", "the output has no '== first' and '== second' sections",
+                     "see the saved output")
+    ran: list[str] = []
+    for i, mark in enumerate(marks):
+        end = marks[i + 1].start() if i + 1 < len(marks) else len(text)
+        rows = parse_llama_bench(text[mark.end():end])
+        pp = _pp(rows)
+        if mark[2] != "0" or not rows or not all("ggml-virtgpu" in r.backend for r in rows) or pp is None:
+            return Check("apir.two-processes", "fail",
+                         f"the {mark[1]} of two guest processes at once exited {mark[2]} "
+                         f"{'with' if rows else 'without'} a ggml-virtgpu table",
+                         "upgrade the krun bundle (nix profile upgrade): its libggml-virtgpu-backend must carry "
+                         "patch 0020, which lets krunkit serve several guest processes at once")
+        ran.append(f"{pp.test} {pp.tps:.1f} t/s")
+    return Check("apir.two-processes", "ok", f"two guest processes at once on ggml-virtgpu: {' and '.join(ran)}")
+
+
 def report(route: str, checks: list[Check], facts: str = "") -> str:
     verdict = "FAIL" if failed(checks) else "PASS"
     lines = [

@@ -116,7 +116,23 @@ def test_apir_verdict_needs_the_ggml_virtgpu_backend():
     assert vulkan[0].status == "fail" and "Vulkan" in vulkan[0].evidence
 
 
-def test_the_macos_report_script_prints_the_verdict_of_the_saved_outputs():
+def test_two_guest_processes_at_once_must_both_run_on_ggml_virtgpu():
+    bench = (DATA / "llama-bench-virtgpu.txt").read_text()
+    both = e2e_macos.apir_together_check(f"== first (exit 0)\n{bench}== second (exit 0)\n{bench}")
+    assert both.status == "ok" and both.evidence.count(" t/s") == 2, both
+    # what a krunkit without 0020 gives the second: refused at load, no table, llama-bench's exit status
+    refused = ("ggml-virtgpu: virtgpu_load_library: failed to load the library: the APIR backend library "
+               "initialization failed\nmain: error: failed to load model\n")
+    second = e2e_macos.apir_together_check(f"== first (exit 0)\n{bench}== second (exit 1)\n{refused}")
+    assert second.status == "fail" and "second" in second.evidence and "0020" in (second.fix or ""), second
+    # the first ran on the CPU (a table, not ggml-virtgpu's): no silent fallback passes
+    cpu = (DATA / "llama-bench-venus-tcg.txt").read_text()
+    first = e2e_macos.apir_together_check(f"== first (exit 0)\n{cpu}== second (exit 0)\n{bench}")
+    assert first.status == "fail" and "first" in first.evidence, first
+    assert e2e_macos.apir_together_check(bench).status == "fail"  # not the two-process output at all
+
+
+def test_the_macos_report_script_prints_the_verdict_of_the_saved_outputs(tmp_path: Path) -> None:
     def report(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, str(REPORT), *args], capture_output=True, text=True, timeout=60)
 
@@ -125,3 +141,8 @@ def test_the_macos_report_script_prints_the_verdict_of_the_saved_outputs():
     vulkan = report("apir", "--bench", str(DATA / "llama-bench-venus-tcg.txt"))
     assert vulkan.returncode == 1 and "FAIL" in vulkan.stdout
     assert report("venus").returncode == 2  # argparse: the saved files are required
+    bench = (DATA / "llama-bench-virtgpu.txt").read_text()
+    together = tmp_path / "together.txt"
+    together.write_text(f"== first (exit 0)\n{bench}== second (exit 1)\nno table\n")
+    two = report("apir", "--bench", str(DATA / "llama-bench-virtgpu.txt"), "--together", str(together))
+    assert two.returncode == 1 and "| fail | apir.two-processes |" in two.stdout, two.stdout
