@@ -132,11 +132,12 @@ def render(report: Mapping[str, Any]) -> str:
     lines.append(table([c.upper() for c in cols], [[r[c] for c in cols] for r in report["side_by_side"]]))
     for test, r in report["results"].items():
         for name in ("before", "after"):
-            prof = r[name]["per_token"]
+            unit = "run" if "per_run" in r[name] else "token"
+            prof = r[name][f"per_{unit}"]
             split = any("compute_us" in p for p in prof.values())
             head = ["COMMAND", "N", "ENCODE_US", "HOST_US", "REPLY_US"] + (
                 ["DECODE_US", "COMPUTE_US", "COPY_US"] if split else [])
-            lines.append(f"\n{test} {name}: per token, by command")
+            lines.append(f"\n{test} {name}: per {unit}, by command")
             lines.append(table(head, [[c, p["n"], p["encode_us"], p["host_us"], p["reply_us"]]
                                       + ([p.get("decode_us"), p.get("compute_us"), p.get("copy_us")] if split else [])
                                       for c, p in prof.items()]))
@@ -319,6 +320,8 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
                                        "median": median_ts(rec),
                                        "per_token": prof, "total": totals(prof),
                                        "setup_commands": {c: int(v["n"]) for c, v in one["commands"].items()}}
+                if argv[argv.index("-n") + 1] == "0":  # a prompt: its commands per run (per token they round to 0)
+                    results[test][name]["per_run"] = per_token(one["commands"], many["commands"], reps - 1)
                 print(f"{test} {name}: {results[test][name]['ts']} t/s, {results[test][name]['total']}",
                       file=sys.stderr, flush=True)
     return results

@@ -131,6 +131,28 @@ def test_per_token_is_the_difference_of_two_profiles_over_the_extra_tokens() -> 
     assert bench.totals(prof)["compute_us"] == 4.0 and bench.totals(prof)["n"] == 1.0
 
 
+def test_a_prompt_test_is_reported_by_command_per_run_where_per_token_rounds_to_nothing() -> None:
+    bench = _bench()
+    # pp512 at -r 1 and -r 5: four more runs of one graph_run each, 1/512 of a command per token
+    one = {"graph_run": {"n": 3, "encode_ns": 30, "host_ns": 30_000_000, "reply_ns": 3, "decode_ns": 30,
+                         "compute_ns": 27_000_000, "copy_ns": 3_000_000}}
+    many = {"graph_run": {"n": 7, "encode_ns": 70, "host_ns": 70_000_000, "reply_ns": 7, "decode_ns": 70,
+                          "compute_ns": 63_000_000, "copy_ns": 7_000_000}}
+    assert bench.per_token(one, many, 4 * 512) == {}
+    per_run = bench.per_token(one, many, 4)
+    assert per_run["graph_run"]["n"] == 1.0 and per_run["graph_run"]["copy_us"] == 1000.0
+    side = {"ts": 1.0, "sd": 0.0, "median": None, "per_token": {}, "total": bench.totals({})}
+    report = {"device": "[virtgpu] CPU", "native_device": "CPU", "model": "m.gguf", "repetitions": 5,
+              "side_by_side": [], "greedy": {"n_tokens": 1, "native": [1], "same": True, "cuda_graph_log": {}},
+              "results": {"pp512": {"native": {"ts": 1.0, "sd": 0.0, "median": None},
+                                    "before": {**side, "per_run": per_run}, "after": {**side, "per_run": per_run}},
+                          "tg128": {"native": {"ts": 1.0, "sd": 0.0, "median": None},
+                                    "before": side, "after": side}}}
+    text = bench.render(report)
+    assert "pp512 after: per run, by command" in text and "tg128 after: per token, by command" in text
+    assert "1000.0" in text.split("pp512 after: per run")[1].split("tg128")[0]
+
+
 
 def test_the_side_by_side_gives_the_ratio_of_medians_beside_the_ratio_of_means() -> None:
     bench = _bench()
