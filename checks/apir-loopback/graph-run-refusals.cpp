@@ -167,18 +167,24 @@ int main(int argc, char ** argv) {
     forged.put<uint64_t>(0x4141414141414141ull);
     forged.put<uint64_t>(4096);
     send_as("buffer type never given out", APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, forged);
-    // The host's own buffer of 4096 bytes, as a guest gets one, for the tensors below.
-    command none;
-    if (call(APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none) != 0) {
-        fprintf(stderr, "graph-run-refusals: no buffer type\n");
-        return 2;
-    }
-    uint64_t buft, buffer;
-    memcpy(&buft, reply, 8);
-    command alloc;
-    alloc.put<uint64_t>(buft);
-    alloc.put<uint64_t>(4096);
-    if (call(APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, alloc) != 0 || (memcpy(&buffer, reply, 8), buffer == 0)) {
+    // A buffer of 4096 bytes of the device's buffer type, made for ctx_id as a guest gets one; 0 when refused.
+    auto alloc_for = [&](uint32_t ctx_id) -> uint64_t {
+        command none_c, alloc_c;
+        if (call(APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none_c, ctx_id) != 0) {
+            return 0;
+        }
+        uint64_t buft_c = 0, made = 0;
+        memcpy(&buft_c, reply, 8);
+        alloc_c.put<uint64_t>(buft_c);
+        alloc_c.put<uint64_t>(4096);
+        if (call(APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, alloc_c, ctx_id) != 0) {
+            return 0;
+        }
+        memcpy(&made, reply, 8);
+        return made;
+    };
+    uint64_t buffer = alloc_for(1);  // context 1's, for the tensors below
+    if (buffer == 0) {
         fprintf(stderr, "graph-run-refusals: no buffer\n");
         return 2;
     }
@@ -248,14 +254,19 @@ int main(int argc, char ** argv) {
     send_as("its uid from context 2", APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN, by_uid, 2);
     g_big.clear();
     ts.clear();
+    // SET_TENSOR or GET_TENSOR of `size` bytes between tensor t of buffer buf and resource 1's start
+    auto tensor_io = [](uint64_t buf, const apir_rpc_tensor & t, uint64_t size) {
+        command c;
+        c.put<uint64_t>(buf);
+        c.put(t);
+        c.put<uint32_t>(1);
+        c.put<uint64_t>(0);
+        c.put<uint64_t>(size);
+        return c;
+    };
     // SET_TENSOR of 8192 bytes into a tensor of 64 (in a buffer of 4096): upstream copied them all.
     apir_rpc_tensor small = f32(1, 0, 16), half = f32(2, 1024, 8);
-    command set;
-    set.put<uint64_t>(buffer);
-    set.put(small);
-    set.put<uint32_t>(1);
-    set.put<uint64_t>(0);
-    set.put<uint64_t>(8192);
+    command set = tensor_io(buffer, small, 8192);
     send_as("set_tensor past its tensor", APIR_COMMAND_TYPE_BUFFER_SET_TENSOR, set);
     // CPY_TENSOR from 16 floats into 8: upstream's CPU buffer copied ggml_nbytes(src).
     command cpy;
@@ -267,14 +278,7 @@ int main(int argc, char ** argv) {
     // 0019. Well-formed tensor commands, many of them: upstream's host made a ggml context for every tensor it
     // decoded and never freed one. What the heap holds before and after (the host library is in this process).
     apir_rpc_tensor other = f32(2, 1024, 16);
-    command set_ok, get_ok, cpy_ok;
-    for (command * c : { &set_ok, &get_ok }) {
-        c->put<uint64_t>(buffer);
-        c->put(small);
-        c->put<uint32_t>(1);
-        c->put<uint64_t>(0);
-        c->put<uint64_t>(64);
-    }
+    command set_ok = tensor_io(buffer, small, 64), get_ok = tensor_io(buffer, small, 64), cpy_ok;
     cpy_ok.put<uint64_t>(buffer);
     cpy_ok.put(small);
     cpy_ok.put(other);
@@ -301,22 +305,6 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "graph-run-refusals: no apir_backend_deinit\n");
         return 2;
     }
-    // a buffer of 4096 bytes made for ctx_id, 0 when refused
-    auto alloc_for = [&](uint32_t ctx_id) -> uint64_t {
-        command none_c, alloc_c;
-        if (call(APIR_COMMAND_TYPE_DEVICE_GET_BUFFER_TYPE, none_c, ctx_id) != 0) {
-            return 0;
-        }
-        uint64_t buft_c = 0, made = 0;
-        memcpy(&buft_c, reply, 8);
-        alloc_c.put<uint64_t>(buft_c);
-        alloc_c.put<uint64_t>(4096);
-        if (call(APIR_COMMAND_TYPE_BUFFER_TYPE_ALLOC_BUFFER, alloc_c, ctx_id) != 0) {
-            return 0;
-        }
-        memcpy(&made, reply, 8);
-        return made;
-    };
     // 16 floats of `value` written into that buffer from resource 1 and read back: 0 when they come back
     auto round_trip = [&](uint32_t ctx_id, uint64_t buf, float value) -> int {
         apir_rpc_tensor t = f32(1, 0, 16);
@@ -326,14 +314,7 @@ int main(int argc, char ** argv) {
             v = value;
         }
         memcpy(g_shmem, in, sizeof(in));
-        command w, r;
-        for (command * c : { &w, &r }) {
-            c->put<uint64_t>(buf);
-            c->put(t);
-            c->put<uint32_t>(1);
-            c->put<uint64_t>(0);
-            c->put<uint64_t>(sizeof(in));
-        }
+        command w = tensor_io(buf, t, sizeof(in)), r = tensor_io(buf, t, sizeof(in));
         if (call(APIR_COMMAND_TYPE_BUFFER_SET_TENSOR, w, ctx_id) != 0) {
             return 1;
         }

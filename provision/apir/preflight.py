@@ -95,8 +95,8 @@ def fix_for(result: ProbeResult, settings: ApirSettings) -> str:
                 "CUDA_VISIBLE_DEVICES / GGML_VK_VISIBLE_DEVICES in the hypervisor's environment are not empty")
     if name == "ALREADY_INITED":
         return ("another virgl context of this hypervisor process loaded a different ggml library: every "
-                "context of one process shares one (patch 0020); give the hypervisor one "
-                "APIR_LLAMA_CPP_GGML_LIBRARY_PATH and APIR_LLAMA_CPP_GGML_LIBRARY_REG, and restart it to change them")
+                f"context of one process shares one (patch 0020); give the hypervisor one {ENV_GGML_PATH} and "
+                f"{ENV_GGML_REG}, and restart it to change them")
     if name == "BACKEND_INIT_FAILED":
         return "the backend found a device but could not initialize it: read the ggml log lines above"
     if result.stage == "dispatch":
