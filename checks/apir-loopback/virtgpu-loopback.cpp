@@ -20,6 +20,8 @@
 // "compute_ns" (the backend's compute and synchronize) and "copy_ns" (tensor data in and out);
 // the rest of host_ns is the dispatcher's own work. This is the profile bench/apir_remoting.py
 // reads; through QEMU each command also pays a virtio kick, a host wake-up and a reply poll.
+// "running" holds the same for the commands after the first that computed a graph: a run's commands
+// without the model's load, whose many weight uploads (SET_TENSOR) vary from one process to the next.
 //
 // APIR_LOOPBACK_DEVICE_TYPE=gpu: report the host device as a GPU. With the CPU target the
 // remote device is a CPU, which llama's tools hide; this lets llama-bench offload to it.
@@ -106,6 +108,8 @@ struct command_stats {
 
 std::mutex    g_stats_lock;
 command_stats g_stats[STAT_SLOTS];
+command_stats g_running[STAT_SLOTS];  // from the command after the first that computed
+bool          g_computed = false;
 const char *  g_stats_path = getenv("APIR_LOOPBACK_STATS");
 const bool    g_device_is_gpu = [] {
     const char * v = getenv("APIR_LOOPBACK_DEVICE_TYPE");
@@ -129,6 +133,7 @@ std::atomic<uint64_t> g_largest_blob{ 0 };  // after the command pages and the r
 thread_local uint64_t t_prepared_ns = 0;
 thread_local uint64_t t_replied_ns  = 0;
 thread_local int      t_reply_slot  = -1;
+thread_local bool     t_reply_running = false;  // that command counts in g_running too
 
 uint64_t now_ns() {
     return (uint64_t) std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -141,6 +146,9 @@ void close_reply(uint64_t now) {
     if (t_reply_slot >= 0) {
         std::lock_guard<std::mutex> hold(g_stats_lock);
         g_stats[t_reply_slot].reply_ns += now - t_replied_ns;
+        if (t_reply_running) {
+            g_running[t_reply_slot].reply_ns += now - t_replied_ns;
+        }
     }
     t_reply_slot = -1;
 }
@@ -157,20 +165,12 @@ const char * stat_name(int slot) {
     return strncmp(name, prefix, strlen(prefix)) == 0 ? name + strlen(prefix) : name;
 }
 
-void write_stats() {
-    if (!g_stats_path) {
-        return;
-    }
-    std::lock_guard<std::mutex> hold(g_stats_lock);
-    FILE *                      f = fopen(g_stats_path, "w");
-    if (!f) {
-        fprintf(stderr, "apir-loopback: cannot write %s\n", g_stats_path);
-        return;
-    }
-    fprintf(f, "{\"commands\": {");
+// One set of per-command stats as a JSON object (the commands that never crossed left out).
+void write_command_stats(FILE * f, const command_stats * stats) {
+    fprintf(f, "{");
     bool first = true;
     for (int i = 0; i < STAT_SLOTS; i++) {
-        const command_stats & s = g_stats[i];
+        const command_stats & s = stats[i];
         if (s.n == 0) {
             continue;
         }
@@ -187,7 +187,24 @@ void write_stats() {
         fprintf(f, "}");
         first = false;
     }
-    fprintf(f, "\n}, \"other_resource_lookups\": %llu, \"largest_blob\": %llu",
+    fprintf(f, "\n}");
+}
+
+void write_stats() {
+    if (!g_stats_path) {
+        return;
+    }
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    FILE *                      f = fopen(g_stats_path, "w");
+    if (!f) {
+        fprintf(stderr, "apir-loopback: cannot write %s\n", g_stats_path);
+        return;
+    }
+    fprintf(f, "{\"commands\": ");
+    write_command_stats(f, g_stats);
+    fprintf(f, ", \"running\": ");
+    write_command_stats(f, g_running);
+    fprintf(f, ", \"other_resource_lookups\": %llu, \"largest_blob\": %llu",
             (unsigned long long) g_other_lookups.load(), (unsigned long long) g_largest_blob.load());
     if (g_uses) {  // the last graph the host decoded: its nodes and the use counts it was given
         uint64_t nodes = 0, uses = 0;
@@ -280,7 +297,26 @@ uint32_t host_load_library() {
 // One command, as the host handles it: the reply goes into the reply resource after its
 // 4-byte notification word, which carries the return value + 1.
 // Returns the command's profile slot (-1: none); split: the host's decode, compute, copy ns.
-int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
+// Whether a forwarded command computes a graph: GRAPH_COMPUTE, or GRAPH_RUN (APIR 0.3 on) with its
+// COMPUTES flag (a GRAPH_RUN that only carries pending writes does not). `args` follows the header.
+bool computes_graph(uint32_t command, const char * args, const char * end) {
+    if (command == APIR_COMMAND_TYPE_BACKEND_GRAPH_COMPUTE) {
+        return true;
+    }
+#ifdef APIR_GRAPH_RUN_COMPUTES
+    if (command == APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN && end - args >= 12) {
+        uint32_t run_flags = 0;  // after the protocol's major and minor
+        memcpy(&run_flags, args + 8, sizeof(run_flags));
+        return run_flags & APIR_GRAPH_RUN_COMPUTES;
+    }
+#else
+    (void) args;
+    (void) end;
+#endif
+    return false;
+}
+
+int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3], bool * computes) {
     const char * cur      = cmd;
     int32_t      cmd_type = (int32_t) read_u32(cur, cmd_end);
     uint32_t     flags    = read_u32(cur, cmd_end);
@@ -324,6 +360,7 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3]) {
                 if (g_profile && g_stats_path) {
                     g_profile(&before[0], &before[1], &before[2]);
                 }
+                *computes = computes_graph(flags, cur, cmd_end);  // read before the dispatcher sees the bytes
                 ret = APIR_FORWARD_BASE_INDEX +
                       g_dispatch(LOOPBACK_CTX_ID, &g_callbacks, flags, (char *) cur, cmd_end, enc, enc_end, &after);
                 if (g_profile && g_stats_path) {
@@ -419,22 +456,30 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
     auto * notif = (std::atomic_uint *) gpu->reply_shmem.mmap_ptr;
     notif->store(0);
     uint64_t split[3] = { 0, 0, 0 };
+    bool     computes = false;
     if (!g_stats_path) {
-        host_handle(enc->start, enc->cur, split);
+        host_handle(enc->start, enc->cur, split, &computes);
     } else {
         uint64_t sent = now_ns();
-        int      slot = host_handle(enc->start, enc->cur, split);
+        int      slot = host_handle(enc->start, enc->cur, split, &computes);
         uint64_t done = now_ns();
+        t_reply_running = false;
         if (slot >= 0) {
             std::lock_guard<std::mutex> hold(g_stats_lock);
-            command_stats &             s = g_stats[slot];
-            s.n += 1;
-            s.cmd_bytes += (uint64_t) (enc->cur - enc->start);
-            s.encode_ns += sent - t_prepared_ns;
-            s.host_ns += done - sent;
-            s.decode_ns += split[0];
-            s.compute_ns += split[1];
-            s.copy_ns += split[2];
+            t_reply_running = g_computed;
+            for (command_stats * set : { &g_stats[slot], g_computed ? &g_running[slot] : nullptr }) {
+                if (!set) {
+                    continue;
+                }
+                set->n += 1;
+                set->cmd_bytes += (uint64_t) (enc->cur - enc->start);
+                set->encode_ns += sent - t_prepared_ns;
+                set->host_ns += done - sent;
+                set->decode_ns += split[0];
+                set->compute_ns += split[1];
+                set->copy_ns += split[2];
+            }
+            g_computed = g_computed || computes;
         }
         t_reply_slot = slot;
         t_replied_ns = done;

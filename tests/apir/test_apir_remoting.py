@@ -237,6 +237,10 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
             proc.stdout + proc.stderr)[-3000:]
         report = json.loads(stats.read_text())
         counts[tokens], lookups[tokens] = report["commands"], report["other_resource_lookups"]
+        # "running" (a run's commands for the bench's per-run profile) starts after the first graph computed:
+        # the other tokens' runs are in it, the buffers made before it are not.
+        assert report["running"]["graph_run"]["n"] == tokens - 1, report["running"]
+        assert "buffer_type_alloc_buffer" not in report["running"], report["running"]
         # 0015-0017: the graph the host decoded has the use counts ggml gave the guest's (relu(W x + b) *
         # 0.5: four nodes, three of them used once), so the host's backend may fuse as it would natively.
         nodes, uses = map(int, re.search(r"the graph's (\d+) nodes have (\d+) uses", proc.stdout).groups())
