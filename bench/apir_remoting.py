@@ -315,17 +315,19 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
             for name, dirs in built.items():  # alternately, so both see the same machine load
                 one = llama_bench(setup, dirs, model, argv, 1, Path(tmp) / f"{name}-{test}-1.json")
                 many = llama_bench(setup, dirs, model, argv, reps, Path(tmp) / f"{name}-{test}-r.json")
-                prof = per_token(one["commands"], many["commands"], (reps - 1) * tokens)
+                prompt = argv[argv.index("-n") + 1] == "0"
+                # A prompt's commands are per run, a few against the load's hundreds of weight uploads, which
+                # vary by more: its profile counts only the commands after the first graph computed.
+                part = "running" if prompt and one["running"] and many["running"] else "commands"
+                prof = per_token(one[part], many[part], (reps - 1) * tokens)
                 rec = many["record"]
                 results[test][name] = {"ts": round(float(rec["avg_ts"]), 1), "sd": round(float(rec["stddev_ts"]), 1),
                                        "median": median_ts(rec),
                                        "per_token": prof, "total": totals(prof),
                                        "setup_commands": {c: int(v["n"]) for c, v in one["commands"].items()}}
-                if argv[argv.index("-n") + 1] == "0":  # a prompt: its commands per run (per token they round to 0)
-                    # without the load's weight uploads, which vary by more than a run's inputs cost
-                    part = "running" if one["running"] and many["running"] else "commands"
+                if prompt:  # its commands per run (per token they round to 0)
                     results[test][name]["per_run"] = per_token(one[part], many[part], reps - 1)
-                    results[test][name]["per_run_from"] = part
+                results[test][name]["profile_from"] = part
                 print(f"{test} {name}: {results[test][name]['ts']} t/s, {results[test][name]['total']}",
                       file=sys.stderr, flush=True)
     return results

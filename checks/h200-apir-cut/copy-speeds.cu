@@ -52,9 +52,7 @@ int main() {
     void * dev = nullptr;
     CHECK(cudaMalloc(&dev, max));
     char * src = (char *) malloc(max);
-    char * dst = (char *) malloc(max);
     memset(src, 1, max);
-    memset(dst, 2, max);
     int fd = memfd_create("apir-shmem", 0);
     if (fd < 0 || ftruncate(fd, (off_t) max) != 0) {
         perror("memfd");
@@ -79,6 +77,18 @@ int main() {
     }
     const bool shared_pins = cudaHostRegister(shared_registered, max, cudaHostRegisterDefault) == cudaSuccess;
     cudaGetLastError();  // a refused registration is a result here, not an error
+    // pinned for each copy: pages of their own, which no other mapping keeps pinned
+    int fd_each = memfd_create("apir-shmem-each", 0);
+    if (fd_each < 0 || ftruncate(fd_each, (off_t) max) != 0) {
+        perror("memfd");
+        return 1;
+    }
+    char * each = (char *) mmap(nullptr, max, PROT_READ | PROT_WRITE, MAP_SHARED, fd_each, 0);
+    if (each == MAP_FAILED) {
+        perror("mmap");
+        return 1;
+    }
+    memset(each, 6, max);
 
     auto h2d = [&](const char * from, size_t n) {
         return [=]() {
@@ -93,17 +103,23 @@ int main() {
         };
     };
     for (size_t n : sizes) {
-        double host_memcpy = median_us(reps, [&]() { memcpy(dst, src, n); });
+        double host_memcpy = median_us(reps, [&]() { memcpy(shared, src, n); });  // into shared pages
         double pageable    = median_us(reps, h2d(src, n));
         double memfd       = median_us(reps, h2d(shared, n));
         double reg         = median_us(reps, h2d(registered, n));
         double memfd_reg   = shared_pins ? median_us(reps, h2d(shared_registered, n)) : -1;
         double pin         = median_us(reps, h2d(pinned, n));
-        double pin_each    = median_us(reps, [&]() {
-            CHECK(cudaHostRegister(shared, n, cudaHostRegisterDefault));
-            h2d(shared, n)();
-            CHECK(cudaHostUnregister(shared));
-        });
+        double pin_each    = -1;  // -1: the driver refused to register these pages
+        if (cudaHostRegister(each, n, cudaHostRegisterDefault) == cudaSuccess) {
+            CHECK(cudaHostUnregister(each));
+            pin_each = median_us(reps, [&]() {
+                CHECK(cudaHostRegister(each, n, cudaHostRegisterDefault));
+                h2d(each, n)();
+                CHECK(cudaHostUnregister(each));
+            });
+        } else {
+            cudaGetLastError();
+        }
         double d2h_memfd   = median_us(reps, d2h(shared, n));  // the logits, into the guest's pages
         double d2h_pin     = median_us(reps, d2h(pinned, n));
         printf("{\"bytes\": %zu, \"host_memcpy_us\": %.1f, \"h2d_pageable_us\": %.1f, \"h2d_memfd_shared_us\": %.1f, "
