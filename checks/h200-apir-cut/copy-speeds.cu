@@ -42,6 +42,26 @@ static double median_us(int reps, const std::function<void()> & f) {
     return t[t.size() / 2];
 }
 
+// A memfd of `size` bytes, as virglrenderer makes a blob's pages; exits on failure.
+static int new_memfd(const char * name, size_t size) {
+    int fd = memfd_create(name, 0);
+    if (fd < 0 || ftruncate(fd, (off_t) size) != 0) {
+        perror("memfd");
+        exit(1);
+    }
+    return fd;
+}
+
+// A shared mapping of the memfd; exits on failure.
+static char * map_shared(int fd, size_t size) {
+    void * p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    return (char *) p;
+}
+
 int main() {
     // a token's inputs, the KQ mask (f16, f32), the logits (151,936 f32), the embeddings (512 x 896 f32)
     const size_t sizes[] = { 4096, 512 * 1024, 1024 * 1024, 151936 * 4, 512 * 896 * 4, 4 * 1024 * 1024 };
@@ -53,16 +73,8 @@ int main() {
     CHECK(cudaMalloc(&dev, max));
     char * src = (char *) malloc(max);
     memset(src, 1, max);
-    int fd = memfd_create("apir-shmem", 0);
-    if (fd < 0 || ftruncate(fd, (off_t) max) != 0) {
-        perror("memfd");
-        return 1;
-    }
-    char * shared = (char *) mmap(nullptr, max, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (shared == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    int    fd     = new_memfd("apir-shmem", max);
+    char * shared = map_shared(fd, max);
     memset(shared, 3, max);
     char * pinned = nullptr;
     CHECK(cudaMallocHost((void **) &pinned, max));
@@ -70,24 +82,11 @@ int main() {
     char * registered = (char *) malloc(max);
     memset(registered, 5, max);
     CHECK(cudaHostRegister(registered, max, cudaHostRegisterDefault));
-    char * shared_registered = (char *) mmap(nullptr, max, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (shared_registered == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    char * shared_registered = map_shared(fd, max);  // the same pages through a mapping of its own
     const bool shared_pins = cudaHostRegister(shared_registered, max, cudaHostRegisterDefault) == cudaSuccess;
     cudaGetLastError();  // a refused registration is a result here, not an error
     // pinned for each copy: pages of their own, which no other mapping keeps pinned
-    int fd_each = memfd_create("apir-shmem-each", 0);
-    if (fd_each < 0 || ftruncate(fd_each, (off_t) max) != 0) {
-        perror("memfd");
-        return 1;
-    }
-    char * each = (char *) mmap(nullptr, max, PROT_READ | PROT_WRITE, MAP_SHARED, fd_each, 0);
-    if (each == MAP_FAILED) {
-        perror("mmap");
-        return 1;
-    }
+    char * each = map_shared(new_memfd("apir-shmem-each", max), max);
     memset(each, 6, max);
 
     auto h2d = [&](const char * from, size_t n) {
