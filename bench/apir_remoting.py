@@ -306,7 +306,8 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
     results = {} if results is None else results
     with tempfile.TemporaryDirectory() as tmp:
         for test, argv in tests.items():
-            tokens = int(argv[argv.index("-n") + 1]) or int(argv[argv.index("-p") + 1])
+            prompt = argv[argv.index("-n") + 1] == "0"  # its commands are per run, not per token
+            tokens = int(argv[argv.index("-p") + 1]) if prompt else int(argv[argv.index("-n") + 1])
             results[test] = {}
             native = llama_bench(setup, built["after"], model, argv, reps, None)["record"]
             results[test]["native"] = {"ts": round(float(native["avg_ts"]), 1),
@@ -315,7 +316,6 @@ def measure(setup: Setup, built: Mapping[str, loopback_host.HostDirs], model: Pa
             for name, dirs in built.items():  # alternately, so both see the same machine load
                 one = llama_bench(setup, dirs, model, argv, 1, Path(tmp) / f"{name}-{test}-1.json")
                 many = llama_bench(setup, dirs, model, argv, reps, Path(tmp) / f"{name}-{test}-r.json")
-                prompt = argv[argv.index("-n") + 1] == "0"
                 # A prompt's commands are per run, a few against the load's hundreds of weight uploads, which
                 # vary by more: its profile counts only the commands after the first graph computed.
                 part = "running" if prompt and one["running"] and many["running"] else "commands"

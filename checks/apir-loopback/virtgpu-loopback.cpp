@@ -294,9 +294,6 @@ uint32_t host_load_library() {
     return ret < APIR_LOAD_LIBRARY_INIT_BASE_INDEX ? ret : APIR_LOAD_LIBRARY_INIT_BASE_INDEX + ret;
 }
 
-// One command, as the host handles it: the reply goes into the reply resource after its
-// 4-byte notification word, which carries the return value + 1.
-// Returns the command's profile slot (-1: none); split: the host's decode, compute, copy ns.
 // Whether a forwarded command computes a graph: GRAPH_COMPUTE, or GRAPH_RUN (APIR 0.3 on) with its
 // COMPUTES flag (a GRAPH_RUN that only carries pending writes does not). `args` follows the header.
 bool computes_graph(uint32_t command, const char * args, const char * end) {
@@ -316,6 +313,10 @@ bool computes_graph(uint32_t command, const char * args, const char * end) {
     return false;
 }
 
+// One command, as the host handles it: the reply goes into the reply resource after its
+// 4-byte notification word, which carries the return value + 1.
+// Returns the command's profile slot (-1: none); split: the host's decode, compute, copy ns;
+// computes: whether it computed a graph.
 int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3], bool * computes) {
     const char * cur      = cmd;
     int32_t      cmd_type = (int32_t) read_u32(cur, cmd_end);
@@ -466,20 +467,21 @@ uint32_t remote_call(virtgpu * gpu, apir_encoder * enc, apir_decoder ** dec, flo
         t_reply_running = false;
         if (slot >= 0) {
             std::lock_guard<std::mutex> hold(g_stats_lock);
-            t_reply_running = g_computed;
-            for (command_stats * set : { &g_stats[slot], g_computed ? &g_running[slot] : nullptr }) {
-                if (!set) {
-                    continue;
-                }
-                set->n += 1;
-                set->cmd_bytes += (uint64_t) (enc->cur - enc->start);
-                set->encode_ns += sent - t_prepared_ns;
-                set->host_ns += done - sent;
-                set->decode_ns += split[0];
-                set->compute_ns += split[1];
-                set->copy_ns += split[2];
+            auto add = [&](command_stats & s) {
+                s.n += 1;
+                s.cmd_bytes += (uint64_t) (enc->cur - enc->start);
+                s.encode_ns += sent - t_prepared_ns;
+                s.host_ns += done - sent;
+                s.decode_ns += split[0];
+                s.compute_ns += split[1];
+                s.copy_ns += split[2];
+            };
+            add(g_stats[slot]);
+            if (g_computed) {
+                add(g_running[slot]);
             }
-            g_computed = g_computed || computes;
+            t_reply_running = g_computed;
+            g_computed      = g_computed || computes;
         }
         t_reply_slot = slot;
         t_replied_ns = done;
