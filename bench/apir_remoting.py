@@ -5,7 +5,8 @@ and the cost of a token by command (issues 27 and 40).
 Two APIR loopbacks (guest frontend + host libggml-virtgpu-backend in one process, no VM,
 checks/apir-loopback/virtgpu-loopback.cpp) are built from the pinned tree: "before" with the
 series without its cuts (APIR 0.3: 0006 shared, 0007 guest, 0008-0009 host; APIR 0.4: 0011 shared, 0012
-and 0014 guest, 0013 host; APIR 0.5: 0015 shared, 0016 guest, 0017 host), "after" with the whole series.
+and 0014 guest, 0013 host; APIR 0.5: 0015 shared, 0016 guest, 0017 host; APIR 0.6: 0022 shared, 0023 guest,
+0024 host), "after" with the whole series.
 The same llama-bench runs natively and through each, alternately, with the loopback's per-command
 profile on (APIR_LOOPBACK_STATS; with 0008 the host's time is split into decode, compute and copy).
 Each test runs twice through the route, with 1 and with R repetitions: the difference divided by
@@ -46,7 +47,7 @@ from provision.hosts.linux.apir import loopback  # noqa: E402
 from provision.hosts.linux.apir import loopback_no_chroot as loopback_host  # noqa: E402
 from provision.images import sources  # noqa: E402
 
-# The cut under test (APIR 0.3 and 0.4): the patches the series gained last; "before" lacks them all. 0010 (the
+# The cut under test (APIR 0.3 to 0.6): the patches the series gained last; "before" lacks them all. 0010 (the
 # guest sizes tensors as the host's buffer type asks) is a fix of both, not part of the cut.
 CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu-one-round-trip-per-token.patch",
        "0008-ggml-virtgpu-backend-graph-run.patch", "0009-ggml-virtgpu-backend-zero-new-buffers.patch",
@@ -55,7 +56,9 @@ CUT = ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch", "0007-ggml-virtgpu
        "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
        "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch",
        "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch", "0016-ggml-virtgpu-send-use-counts.patch",
-       "0017-ggml-virtgpu-backend-use-counts.patch")
+       "0017-ggml-virtgpu-backend-use-counts.patch",
+       "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+       "0023-ggml-virtgpu-send-inputs-by-reference.patch", "0024-ggml-virtgpu-backend-writes-by-reference.patch")
 # The libraries of llama-bench that a `guest` build keeps beside it (the CPU target's lib dir has none).
 LLAMA_LIBS = ("libllama-bench-impl.so", "libllama-common.so.0", "libllama.so.0")
 
@@ -70,11 +73,10 @@ class Variant:
 def variants() -> tuple[Variant, Variant]:
     guest, host = tuple(loopback.guest_patches()), tuple(loopback.HOST_PATCHES)
     assert set(CUT) <= set(guest) | set(host), "the cut is part of the series"
-    # A host patch after the cut's last (0018, the host's refusals) is written on top of it: its hunks need the
-    # cut's code, so "before" lacks it too.
-    last = max(host.index(p) for p in CUT if p in host)
-    return (Variant("before", tuple(p for p in guest if p not in CUT),
-                    tuple(p for p in host[:last + 1] if p not in CUT)),
+    # A host patch after the cut's first (0018, the host's refusals, ...) is written on top of it: its hunks need
+    # the cut's code, so "before" lacks it too.
+    first = min(host.index(p) for p in CUT if p in host)
+    return (Variant("before", tuple(p for p in guest if p not in CUT), host[:first]),
             Variant("after", guest, host))
 
 

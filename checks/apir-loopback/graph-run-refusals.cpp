@@ -1,8 +1,9 @@
-// krun-gpu: what the host library (libggml-virtgpu-backend, APIR 0.5) answers to commands it must refuse, sent
+// krun-gpu: what the host library (libggml-virtgpu-backend, APIR 0.6) answers to commands it must refuse, sent
 // to its dispatcher directly, as virglrenderer would hand them over: a guest of an older series, read records
 // that are malformed or hostile, and (0018) hostile tensors, graphs and handles, each of which upstream's host
 // trusted: it called through a made-up buffer type, wrote past a tensor, threw on an unknown source, recursed
-// down a chain of sources until its stack ran out. The loopback cannot play an older guest itself (it builds guest and host
+// down a chain of sources until its stack ran out; (0024) by-reference write records naming no resource, a set
+// reserved word or more bytes than the tensor's buffer holds, and one well formed, whose bytes must arrive. The loopback cannot play an older guest itself (it builds guest and host
 // from one tree, so both carry the same protocol headers); here the bytes are written by hand, in the layout
 // backend/shared/apir_backend.h gives.
 //
@@ -111,15 +112,16 @@ int main(int argc, char ** argv) {
 
     // The current layout from here on: the read fields follow graph_size; the records sit in resource 1.
     auto run = [&](uint32_t flags, uint32_t n_reads, uint64_t reads_size, uint32_t minor = APIR_PROTOCOL_MINOR,
-                   uint64_t graph_size = 0, uint32_t res_id = 1, uint64_t uid = 0) {
+                   uint64_t graph_size = 0, uint32_t res_id = 1, uint64_t uid = 0, uint32_t n_writes = 0,
+                   uint64_t writes_size = 0) {
         command c;
         c.put<uint32_t>(APIR_PROTOCOL_MAJOR);
         c.put<uint32_t>(minor);
         c.put<uint32_t>(flags);
         c.put<uint32_t>(res_id);
         c.put<uint64_t>(uid);  // 0: no graph this host holds; once the reads pass, GRAPH_UNKNOWN
-        c.put<uint32_t>(0);
-        c.put<uint64_t>(0);
+        c.put<uint32_t>(n_writes);
+        c.put<uint64_t>(writes_size);
         c.put<uint64_t>(graph_size);
         c.put<uint32_t>(n_reads);
         c.put<uint64_t>(reads_size);
@@ -129,6 +131,13 @@ int main(int argc, char ** argv) {
     // A 0.4 guest (0011-0014): the same fields, but its graph bytes end without the use counts.
     command v4 = run(APIR_GRAPH_RUN_COMPUTES, 0, 0, 4);
     send("0.4 guest", v4);
+#endif
+#if APIR_PROTOCOL_MINOR >= 6
+    // A 0.5 guest (0015-0016): the same layout, but it sends every write's bytes (no by-reference records).
+    command v5 = run(APIR_GRAPH_RUN_COMPUTES, 0, 0, 5);
+    send("0.5 guest", v5);
+#endif
+#if APIR_PROTOCOL_MINOR >= 5
     // A graph cut short of its use counts (0.5 layout otherwise): one node, no tensors, no counts.
     {
         uint32_t n_nodes = 1, n_tensors = 0;
@@ -274,6 +283,38 @@ int main(int argc, char ** argv) {
     cpy.put(small);
     cpy.put(half);
     send_as("copy into a smaller tensor", APIR_COMMAND_TYPE_BUFFER_CPY_TENSOR, cpy);
+
+#ifdef APIR_GRAPH_RUN_WRITE_BY_REF
+    // APIR 0.6: a GRAPH_RUN (no compute) whose one write record names where its bytes lie (resource, offset)
+    // instead of carrying them; the record sits at resource 1's start, the bytes 4096 further.
+    auto by_ref = [&](const char * name, const apir_rpc_tensor & t, uint64_t len, uint32_t src_res, uint32_t reserved) {
+        memset(g_shmem, 0, 4096);
+        const uint64_t offset = 0, sized = len | APIR_GRAPH_RUN_WRITE_BY_REF, src_offset = 4096;
+        unsigned char * p = g_shmem;
+        memcpy(p, &t, sizeof(t));
+        memcpy(p + sizeof(t), &offset, 8);
+        memcpy(p + sizeof(t) + 8, &sized, 8);
+        memcpy(p + sizeof(t) + 16, &src_res, 4);
+        memcpy(p + sizeof(t) + 20, &reserved, 4);
+        memcpy(p + sizeof(t) + 24, &src_offset, 8);
+        command w = run(0, 0, 0, APIR_PROTOCOL_MINOR, 0, 1, 0, 1, sizeof(t) + 32);
+        send(name, w);
+    };
+    for (int i = 0; i < 16; i++) {
+        const float v = 0.25f * (float) (i + 1);
+        memcpy(g_shmem + 4096 + 4 * i, &v, 4);
+    }
+    by_ref("write by reference from an unknown resource", small, 64, 9, 0);
+    by_ref("write by reference with its reserved word set", small, 64, 1, 1);
+    by_ref("write by reference past its tensor's buffer", small, 8192, 1, 0);
+    by_ref("write by reference", small, 64, 1, 0);
+    {  // what the tensor holds now, read back into resource 1's start
+        command get = tensor_io(buffer, small, 64);
+        const bool same = call(APIR_COMMAND_TYPE_BUFFER_GET_TENSOR, get) == 0 && memcmp(g_shmem, g_shmem + 4096, 64) == 0;
+        printf("write by reference: the tensor holds the resource's bytes: %s\n", same ? "yes" : "no");
+        fflush(stdout);
+    }
+#endif
 
     // 0019. Well-formed tensor commands, many of them: upstream's host made a ggml context for every tensor it
     // decoded and never freed one. What the heap holds before and after (the host library is in this process).

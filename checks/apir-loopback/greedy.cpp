@@ -69,7 +69,8 @@ int main(int argc, char ** argv) {
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     std::vector<llama_token> prompt;
-    for (int i = 0; i < 32; i++) {
+    for (int i = 0; i < 300; i++) {  // long enough that its embeddings (300 x n_embd) exceed the 256 KiB a write
+                                     // may wait with: through APIR 0.6 they go by reference (0023)
         prompt.push_back((llama_token) ((i * 7919 + 11) % n_vocab));
     }
     llama_batch batch = llama_batch_get_one(prompt.data(), (int32_t) prompt.size());

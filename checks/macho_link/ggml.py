@@ -26,7 +26,10 @@ PATCHES = ("patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggm
            "patches/llama.cpp/0017-ggml-virtgpu-backend-use-counts.patch",
            "patches/llama.cpp/0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",
            "patches/llama.cpp/0019-ggml-virtgpu-backend-free-decoded-tensors.patch",
-           "patches/llama.cpp/0020-ggml-virtgpu-backend-serve-several-contexts.patch")
+           "patches/llama.cpp/0020-ggml-virtgpu-backend-serve-several-contexts.patch",
+           "patches/llama.cpp/0021-ggml-virtgpu-backend-count-decoded-graphs.patch",
+           "patches/llama.cpp/0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+           "patches/llama.cpp/0024-ggml-virtgpu-backend-writes-by-reference.patch")
 OFFLINE = "patches/cmake/ggml-virtgpu-offline.cmake"
 TARGETS = ("ggml-base", "ggml-virtgpu-backend")
 # nix/lib/ggml.nix cmakeFlags "metal", Metal off (tests/macho compares them with `nix eval`).

@@ -46,7 +46,9 @@ effectiveStdenv.mkDerivation (finalAttrs: {
   # APIR 0.5 (0015 shared, 0017): the decoded graph gets the guest's use counts (ops fused as natively).
   # 0018: tensors and graphs a hostile guest sends are refused, not trusted (no protocol change);
   # 0019: the tensors of SET/GET/CPY_TENSOR freed when the command returns (each left a context behind);
-  # 0020: krunkit's guest processes (virgl contexts in its one process) share the backend, not one at a time.
+  # 0020: krunkit's guest processes (virgl contexts in its one process) share the backend, not one at a time;
+  # 0021: the graphs decoded are counted (for checks; no protocol change);
+  # APIR 0.6 (0022 shared, 0024): a write's bytes taken from the guest's shared pages it names.
   patches = [
     ../../patches/llama.cpp/0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch
     ../../patches/llama.cpp/0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch
@@ -60,6 +62,9 @@ effectiveStdenv.mkDerivation (finalAttrs: {
     ../../patches/llama.cpp/0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch
     ../../patches/llama.cpp/0019-ggml-virtgpu-backend-free-decoded-tensors.patch
     ../../patches/llama.cpp/0020-ggml-virtgpu-backend-serve-several-contexts.patch
+    ../../patches/llama.cpp/0021-ggml-virtgpu-backend-count-decoded-graphs.patch
+    ../../patches/llama.cpp/0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch
+    ../../patches/llama.cpp/0024-ggml-virtgpu-backend-writes-by-reference.patch
   ];
 
   nativeBuildInputs = [

@@ -58,7 +58,9 @@ _HOST_LIBS = ("libggml-base.so", "libggml-cpu.so", "libggml-virtgpu-backend.so")
 # 0011 + 0013: APIR 0.4, the outputs a guest reads after a graph copied into its pages with the run;
 # 0015 + 0017: APIR 0.5, the decoded graph gets the guest's use counts, so the backend fuses ops;
 # 0018: what a hostile guest sends is refused; 0019: a tensor command's tensors freed when it returns;
-# 0020: several virgl contexts in one process (krunkit's) share the backend, each freeing its own buffers.
+# 0020: several virgl contexts in one process (krunkit's) share the backend, each freeing its own buffers;
+# 0021: the graphs decoded are counted, for checks that a graph run by its uid is not decoded again;
+# 0022 + 0024: APIR 0.6, a write's bytes taken from the guest's shared pages it names (no guest copy).
 HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0005-ggml-virtgpu-backend-reuse-the-decoded-graph.patch",
                 "0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
@@ -70,7 +72,10 @@ HOST_PATCHES = ("0003-ggml-virtgpu-backend-free-buffers-through-ggml.patch",
                 "0017-ggml-virtgpu-backend-use-counts.patch",
                 "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",
                 "0019-ggml-virtgpu-backend-free-decoded-tensors.patch",
-                "0020-ggml-virtgpu-backend-serve-several-contexts.patch")
+                "0020-ggml-virtgpu-backend-serve-several-contexts.patch",
+                "0021-ggml-virtgpu-backend-count-decoded-graphs.patch",
+                "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+                "0024-ggml-virtgpu-backend-writes-by-reference.patch")
 
 
 @dataclass(frozen=True)

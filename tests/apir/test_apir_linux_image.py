@@ -25,8 +25,8 @@ def built() -> images.BuiltImage:
 def test_image_carries_the_route_protocol_and_patch(built):
     labels = podman.labels(built.ref)
     assert labels["krun-gpu.route"] == "apir"
-    # the ggml layer's protocol: 0.5 since patches 0015 + 0016, which host libraries built here speak
-    assert labels["krun-gpu.apir.protocol"] == preflight.format_protocol(preflight.guest_protocol()) == "0.5"
+    # the ggml layer's protocol: 0.6 since patches 0022 + 0023, which host libraries built here speak
+    assert labels["krun-gpu.apir.protocol"] == preflight.format_protocol(preflight.guest_protocol()) == "0.6"
     assert labels["krun-gpu.patches"] == ",".join(
         ["0001-ggml-virtgpu-ask-the-host-supports-op.patch",
          "0002-ggml-virtgpu-supports-op-only-what-the-host-can-decode.patch",
@@ -38,7 +38,9 @@ def test_image_carries_the_route_protocol_and_patch(built):
          "0012-ggml-virtgpu-outputs-with-the-graph.patch",
          "0014-ggml-virtgpu-run-when-the-outputs-are-wanted.patch",
          "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
-         "0016-ggml-virtgpu-send-use-counts.patch"]
+         "0016-ggml-virtgpu-send-use-counts.patch",
+         "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+         "0023-ggml-virtgpu-send-inputs-by-reference.patch"]
     )
     stack = catalog.load().get("llama-apir-linux")
     assert "GGML_REMOTING_USE_APIR_CAPSET" not in stack.guest_env

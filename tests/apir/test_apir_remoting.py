@@ -1,5 +1,6 @@
 """The remoting cuts (issues 27 and 40): APIR 0.3, patches 0006 (shared), 0007 (guest), 0008 (host);
-APIR 0.4, 0011 (shared), 0012 and 0014 (guest), 0013 (host); APIR 0.5, 0015 (shared), 0016 (guest), 0017 (host).
+APIR 0.4, 0011 (shared), 0012 and 0014 (guest), 0013 (host); APIR 0.5, 0015 (shared), 0016 (guest), 0017 (host);
+APIR 0.6, 0022 (shared), 0023 (guest), 0024 (host).
 
 Fast tests: how bench/apir_remoting.py splits the series, turns two loopback profiles into a
 per-token one, and that every build of the host library (Linux builds, the loopback, Nix, the macOS
@@ -8,10 +9,11 @@ tree with the series (CPU target, no VM): the patched headers say the pinned pro
 decode loop through the loopback gives the right values with one GRAPH_RUN and no SET_TENSOR or
 GET_TENSOR per token (also when one graph's outputs go to successive places, as a batch's ubatches; into
 the device's host buffer the host writes them itself, into guest memory they are copied; the host's
-graph has the guest's use counts), 0.2, 0.3 and 0.4 guests are refused by a 0.5 host with a message, so are
-hostile tensors and graphs (0018), tensor commands leave nothing on the host's heap (0019), several virgl
-contexts in one process share the backend and each frees only its own buffers (0020),
-and greedy decoding through the route gives the same tokens as native (the CI gate: correctness, never speed).
+graph has the guest's use counts; a big input computed into a host buffer goes by reference), 0.2 to 0.5
+guests are refused by a 0.6 host with a message, so are hostile tensors and graphs (0018) and by-reference
+writes, tensor commands leave nothing on the host's heap (0019), several virgl contexts in one process share the
+backend and each frees only its own buffers (0020), and greedy decoding through the route (its prompt's
+embeddings by reference) gives the same tokens as native (the CI gate: correctness, never speed).
 """
 
 from __future__ import annotations
@@ -53,12 +55,20 @@ USES_SHARED, USES_GUEST, USES_HOST = (
     "0016-ggml-virtgpu-send-use-counts.patch",
     "0017-ggml-virtgpu-backend-use-counts.patch",
 )
+# APIR 0.6: a big input the guest computed into shared pages goes by reference (no guest copy).
+REF_SHARED, REF_GUEST, REF_HOST = (
+    "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+    "0023-ggml-virtgpu-send-inputs-by-reference.patch",
+    "0024-ggml-virtgpu-backend-writes-by-reference.patch",
+)
 # Host library only, no protocol change: hostile tensors and graphs refused.
 HOSTILE = "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch"
 # Host library only, no protocol change: the tensors of SET/GET/CPY_TENSOR freed when the command returns.
 FREED = "0019-ggml-virtgpu-backend-free-decoded-tensors.patch"
 # Host library only, no protocol change: several virgl contexts in one process (krunkit) share the backend.
 CONTEXTS = "0020-ggml-virtgpu-backend-serve-several-contexts.patch"
+# Host library only, no protocol change: the graphs decoded are counted (for checks).
+COUNTED = "0021-ggml-virtgpu-backend-count-decoded-graphs.patch"
 # Guest-side, outside the cut: both loopbacks of the bench size tensors as the host asks.
 ALLOC = "0010-ggml-virtgpu-ask-the-host-alloc-size.patch"
 
@@ -77,32 +87,35 @@ def test_before_is_the_series_without_apir_0_3_and_after_is_all_of_it() -> None:
     before, after = bench.variants()
     assert after.guest_patches == tuple(loopback.guest_patches()) and after.host_patches == loopback.HOST_PATCHES
     assert set(bench.CUT) == {SHARED, GUEST, HOST, ZERO, OUT_SHARED, OUT_GUEST, OUT_HOST, RUN_LATER,
-                              USES_SHARED, USES_GUEST, USES_HOST}
+                              USES_SHARED, USES_GUEST, USES_HOST, REF_SHARED, REF_GUEST, REF_HOST}
     assert before.guest_patches == tuple(p for p in after.guest_patches if p not in (SHARED, GUEST, OUT_SHARED,
                                                                                       OUT_GUEST, RUN_LATER,
-                                                                                      USES_SHARED, USES_GUEST))
+                                                                                      USES_SHARED, USES_GUEST,
+                                                                                      REF_SHARED, REF_GUEST))
     assert before.host_patches == tuple(p for p in after.host_patches if p not in (SHARED, HOST, ZERO, OUT_SHARED,
                                                                                     OUT_HOST, USES_SHARED, USES_HOST,
-                                                                                    HOSTILE, FREED, CONTEXTS))
+                                                                                    HOSTILE, FREED, CONTEXTS, COUNTED,
+                                                                                    REF_SHARED, REF_HOST))
     assert before.host_patches[-1].startswith("0005-")
     assert ALLOC in before.guest_patches and ALLOC in after.guest_patches
 
 
-def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0_5() -> None:
-    assert ggml_build.HOST_PATCHES[-10:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST,
-                                             HOSTILE, FREED, CONTEXTS)
+def test_every_host_build_and_every_apir_guest_applies_its_half_of_apir_0_3_to_0_6() -> None:
+    assert ggml_build.HOST_PATCHES[-13:] == (SHARED, HOST, ZERO, OUT_SHARED, OUT_HOST, USES_SHARED, USES_HOST,
+                                             HOSTILE, FREED, CONTEXTS, COUNTED, REF_SHARED, REF_HOST)
     nix = (REPO / "nix" / "pkgs" / "ggml-virtgpu-backend.nix").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", nix)) == ggml_build.HOST_PATCHES
     macho = (REPO / "checks" / "macho_link" / "ggml.py").read_text()
     assert tuple(re.findall(r"patches/llama\.cpp/(\S+\.patch)", macho)) == ggml_build.HOST_PATCHES
-    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2, 0.3 and 0.4 guests
+    for name in ("llama-apir", "llama-apir-linux"):  # the host library refuses 0.2 to 0.5 guests
         build = catalog.load().get(name).build
         assert build is not None
         names = [Path(p).name for p in build.patches]
-        assert names[-8:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST], name
-        assert not {HOST, ZERO, OUT_HOST, USES_HOST, HOSTILE, FREED, CONTEXTS} & set(names), name
+        assert names[-10:] == [SHARED, GUEST, ALLOC, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST,
+                               REF_SHARED, REF_GUEST], name
+        assert not {HOST, ZERO, OUT_HOST, USES_HOST, HOSTILE, FREED, CONTEXTS, COUNTED, REF_HOST} & set(names), name
     proto = pins.default().source("llama-cpp")["apir_protocol"]
-    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 5, 2)
+    assert (proto["major"], proto["minor"], proto["upstream_minor"]) == (0, 6, 2)
 
 
 def test_the_loopback_applies_the_shared_patch_once_and_builds_the_decode_check() -> None:
@@ -230,6 +243,7 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
     dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
     counts: dict[int, dict[str, dict[str, int]]] = {}
     lookups: dict[int, int] = {}
+    decoded: dict[int, int] = {}
     for tokens in (2, 12):
         stats = tmp_path / f"stats-{tokens}.json"
         proc = _decode_check(dirs, tokens, stats, mode)
@@ -237,6 +251,7 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
             proc.stdout + proc.stderr)[-3000:]
         report = json.loads(stats.read_text())
         counts[tokens], lookups[tokens] = report["commands"], report["other_resource_lookups"]
+        decoded[tokens] = report["host_graphs_decoded"]
         # "running" (a run's commands for the bench's per-run profile) starts after the first graph computed:
         # the other tokens' runs are in it, the buffers made before it are not.
         assert report["running"]["graph_run"]["n"] == tokens - 1, report["running"]
@@ -256,14 +271,42 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
     # Where the output lands: into a host buffer the host looks its resource up and writes there itself,
     # once a token; into guest memory it uses only the command's own pages (the guest copies).
     assert (lookups[12] - lookups[2]) / 10 == (1.0 if mode in ("tokens", "ubatches") else 0.0), lookups
-    # Sent by uid: a repeated graph's command carries no graph, so the host decodes nothing more. The
-    # outputs are copied inside GRAPH_RUN (the host's copy time); a few microseconds on the CPU target, too
+    # Sent by uid: a repeated graph's command carries no graph, so the host decodes nothing more (0021 counts
+    # the graphs it decodes: the same one graph for 2 tokens and for 12; a count, because the decode of this
+    # four-node graph takes microseconds, as does a run by uid, and a loaded machine's scheduling swamps both).
+    # The outputs are copied inside GRAPH_RUN (the host's copy time); a few microseconds on the CPU target, too
     # small to compare between runs, so only its presence is asserted: the right values above are the proof.
+    assert decoded[2] == decoded[12] == 1, decoded
     run12, run2 = counts[12]["graph_run"], counts[2]["graph_run"]
-    # (Ten more tokens decode less than the first run's one whole graph: compared with decode time, not with
-    # compute, whose first token carries the CPU backend's start and swings by tens of ms on a loaded machine.)
-    assert run12["decode_ns"] - run2["decode_ns"] < run2["decode_ns"], (run2, run12)
     assert run12["compute_ns"] > 0 and run12["copy_ns"] > 0 and run2["copy_ns"] > 0
+
+
+@pytest.mark.slow
+def test_a_prompts_input_made_in_a_host_buffer_goes_by_reference_not_as_set_tensor(tmp_path: Path) -> None:
+    # As llama.cpp makes a prompt's embeddings and KQ mask: on the CPU side, into a buffer of the device's host
+    # buffer type (shared pages), 384 KiB, more than a write may wait with for the run (256 KiB); the scheduler
+    # copies it to the device with ggml_backend_tensor_set. APIR 0.6 (0022-0024): the guest names the pages and
+    # the host copies from them, no SET_TENSOR with the guest's copy of the bytes.
+    dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
+    reports, lookups = {}, {}
+    for tokens in (2, 5):
+        stats = tmp_path / f"stats-{tokens}.json"
+        proc = _decode_check(dirs, tokens, stats, "prompt")
+        assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
+            proc.stdout + proc.stderr)[-3000:]
+        report = json.loads(stats.read_text())
+        reports[tokens], lookups[tokens] = report["running"], report["other_resource_lookups"]
+        assert report["writes_by_reference"] == tokens, report  # one input a prompt, the first's too
+    # Each prompt after the first: a GRAPH_RUN that takes the input by reference (sent at once: the caller may
+    # write the input again once ggml_backend_tensor_set returns), then the run with its output read; nothing
+    # else (the buffers' frees at exit are in both), and never a SET_TENSOR.
+    more = {cmd: c["n"] - reports[2].get(cmd, {"n": 0})["n"] for cmd, c in reports[5].items()}
+    assert {cmd: n for cmd, n in more.items() if n} == {"graph_run": 2 * 3}, reports
+    assert reports[2]["graph_run"]["n"] == 2 * 1 and "buffer_set_tensor" not in reports[5], reports
+    # two resources looked up per prompt by the host: the input's pages and the output's
+    assert (lookups[5] - lookups[2]) / 3 == 2.0, lookups
+    # the host's copies (the input in, the output out) are timed as copies
+    assert reports[5]["graph_run"]["copy_ns"] > 0
 
 
 @pytest.mark.slow
@@ -316,18 +359,20 @@ def test_the_guest_reserves_what_the_host_buffer_type_asks_for_once_per_descript
 
 
 @pytest.mark.slow
-def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_path: Path) -> None:
+def test_0_2_to_0_5_guests_are_refused_by_a_0_6_host_with_a_message(tmp_path: Path) -> None:
     old_guest = tuple(p for p in loopback.guest_patches()
-                      if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST))
+                      if p not in (SHARED, GUEST, OUT_SHARED, OUT_GUEST, RUN_LATER, USES_SHARED, USES_GUEST, REF_SHARED,
+                                   REF_GUEST))
     dirs = _loopback(tmp_path, "mixed", old_guest, loopback.HOST_PATCHES)
     # plain memory: a guest without 0012 has no host buffer type of its own to read into
     proc = _decode_check(dirs, 2, tmp_path / "stats.json", "guest-memory")
     assert proc.returncode != 0
-    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.5" in proc.stderr
+    assert "refused: the guest speaks APIR 0.2 or older (GRAPH_COMPUTE); this host library speaks 0.6" in proc.stderr
     assert "backend function 'backend_graph_compute' failed" in proc.stderr
-    # A 0.3 guest's GRAPH_RUN (no read fields), a 0.4 guest's (no use counts), hostile read records, a graph
-    # cut short of its use counts, and (0018) hostile tensors, graphs and handles, sent to the host's dispatcher
-    # as virglrenderer hands them over: each refused with its code and a log line, before anything runs.
+    # A 0.3 guest's GRAPH_RUN (no read fields), a 0.4 guest's (no use counts), a 0.5 guest's, hostile read
+    # records, a graph cut short of its use counts, (0018) hostile tensors, graphs and handles, and (0024) hostile
+    # by-reference writes, sent to the host's dispatcher as virglrenderer hands them over: each refused with its
+    # code and a log line, before anything runs.
     env = loopback_no_chroot.run_env(dirs, "cpu")
     proc = subprocess.run([str(dirs.bin / "graph-run-refusals"), env["VIRGL_APIR_BACKEND_LIBRARY"],
                            env["APIR_LLAMA_CPP_GGML_LIBRARY_PATH"], env["APIR_LLAMA_CPP_GGML_LIBRARY_REG"]],
@@ -335,9 +380,9 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     codes = dict(line.rsplit(": return code ", 1) for line in proc.stdout.splitlines() if ": return code " in line)
     # APIR_GRAPH_RUN_PROTOCOL_MISMATCH (2): the guest's own message names it (0007's graph_run_failed)
-    assert codes.pop("0.3 guest") == "2" and codes.pop("0.4 guest") == "2"
-    assert "refused: the guest speaks APIR 0.3, this host library 0.5" in proc.stderr
-    assert "refused: the guest speaks APIR 0.4, this host library 0.5" in proc.stderr
+    assert codes.pop("0.3 guest") == "2" and codes.pop("0.4 guest") == "2" and codes.pop("0.5 guest") == "2"
+    for old in ("0.3", "0.4", "0.5"):
+        assert f"refused: the guest speaks APIR {old}, this host library 0.6" in proc.stderr
     # APIR_GRAPH_RUN_BAD_REQUEST (1), each with the host's reason; the control case gets as far as the graph
     assert codes == {"read of an unknown buffer": "1", "reads_size short of n_reads": "1",
                      "reads without compute": "1", "no reads, unknown graph": "3",
@@ -350,11 +395,18 @@ def test_0_2_0_3_and_0_4_guests_are_refused_by_a_0_5_host_with_a_message(tmp_pat
                      "a graph held for context 1": "0", "its uid from context 1": "0", "its uid from context 2": "3",
                      "graph of a 300000-long chain of sources": "0", "set_tensor past its tensor": "1",
                      "copy into a smaller tensor": "1",
+                     # 0024: a by-reference write that names no resource, sets the reserved word or holds more
+                     # than its tensor's buffer is refused; a well-formed one is applied (and read back below)
+                     "write by reference from an unknown resource": "1",
+                     "write by reference with its reserved word set": "1",
+                     "write by reference past its tensor's buffer": "1", "write by reference": "0",
                      # 0020: the backend made afresh after the last context went runs a graph; the commands
                      # of a context never initialized, or refused, are refused (upstream ran them)
                      "a graph run by context 3 after a fresh start": "0",
                      "a command of a context never initialized": "1", "a command of the refused context": "1"}, codes
     assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
+    assert proc.stderr.count("malformed tensor write from the guest") == 3, proc.stderr
+    assert "write by reference: the tensor holds the resource's bytes: yes" in proc.stdout, proc.stdout
     assert proc.stderr.count("Failed to deserialize computation graph") == 6, proc.stderr
     assert "a buffer type this host never gave out: 0x4141414141414141" in proc.stderr
     assert "malformed tensor from the guest" in proc.stderr and "malformed tensor copy from the guest" in proc.stderr
@@ -389,8 +441,13 @@ def test_greedy_tokens_through_the_route_are_the_native_ones(tmp_path: Path) -> 
     setup = bench.cpu_setup(tmp_path)
     after = bench.build(setup, bench.variants()[1])
     bench.build_greedy(setup, after)
-    same = bench.greedy(setup, after, model, 24)
+    stats = tmp_path / "greedy-stats.json"
+    same = bench.greedy(setup, after, model, 24, route_extra={"APIR_LOOPBACK_STATS": str(stats)})
     assert len(same["native"]) == 24 and same["same"], same
+    # The prompt (300 tokens: 300 KiB of embeddings on this model, more than a write may wait with) went in by
+    # reference (APIR 0.6): computed by the guest's CPU into shared pages and read there by the host, and the
+    # tokens are native's all the same.
+    assert json.loads(stats.read_text())["writes_by_reference"] >= 1, stats.read_text()
     # The host's buffer type asking 4 KiB more for every tensor (as ggml-cuda asks more for some):
     # the model loads and decodes the same through the route, every weight and node sized as asked.
     padded = bench.greedy(setup, after, model, 24, route_extra={"APIR_LOOPBACK_ALLOC_PAD": "4096"})

@@ -105,12 +105,14 @@ def test_pip_download_fetches_the_sdist_only():
 def test_pinned_tree_carries_the_pinned_apir_protocol():
     tree = sources.llama_cpp_tree()
     assert not (tree / ".git").exists()
-    # The tree as pinned says upstream's 0.2; our series (patches 0006, 0011, then 0015) makes every build of it 0.5.
-    assert sources.apir_protocol(tree) == (0, 2) and apir.guest_protocol() == (0, 5)
+    # The tree as pinned says upstream's 0.2; our series (patches 0006, 0011, 0015, then 0022) makes every build of
+    # it 0.6.
+    assert sources.apir_protocol(tree) == (0, 2) and apir.guest_protocol() == (0, 6)
     patched = builds.patched_tree(tree, ("0006-ggml-virtgpu-apir-0.3-graph-run-protocol.patch",
                                          "0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
-                                         "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch"), "test")
-    assert sources.apir_protocol(patched) == (0, 5)
+                                         "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
+                                         "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch"), "test")
+    assert sources.apir_protocol(patched) == (0, 6)
 
 
 def test_protocol_in_a_tree_that_disagrees_with_the_pin_is_refused(tmp_path):
@@ -126,9 +128,9 @@ def test_protocol_check_warns_on_minor_and_fails_on_major_mismatch():
     warn = apir.protocol_check((0, 2), (0, 1))
     assert warn.status == "warn" and "0.2" in warn.evidence and "0.1" in warn.evidence
     assert apir.protocol_check((1, 0), (0, 1)).status == "fail"
-    # Today's pins: guest llama.cpp 0.5 (our series), host virglrenderer MR 1590 0.1.
+    # Today's pins: guest llama.cpp 0.6 (our series), host virglrenderer MR 1590 0.1.
     assert apir.protocol_check().status == "warn"
-    assert apir.parse_protocol(apir.format_protocol(apir.guest_protocol())) == (0, 5)
+    assert apir.parse_protocol(apir.format_protocol(apir.guest_protocol())) == (0, 6)
 
 
 def test_protocol_command_prints_the_image_label(capsys):
@@ -136,7 +138,7 @@ def test_protocol_command_prints_the_image_label(capsys):
 
     assert main(["apir", "protocol", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)["data"]
-    assert out["label"] == {"krun-gpu.apir.protocol": "0.5"} and out["check"]["status"] == "warn"
+    assert out["label"] == {"krun-gpu.apir.protocol": "0.6"} and out["check"]["status"] == "warn"
 
 
 def test_dry_run_prints_the_plan_without_building(capsys):

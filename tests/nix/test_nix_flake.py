@@ -245,13 +245,13 @@ def test_ggml_backend_cmake_flags_and_named_targets(nix: Nix) -> None:
         assert flag in flags
     patches = nix.eval(f"packages.{DARWIN}.ggml-virtgpu-backend.drvAttrs.patches")
     assert [store_basename(p) for p in patches] == list(ggml_build.HOST_PATCHES)
-    assert list(ggml_build.HOST_PATCHES[-7:]) == ["0011-ggml-virtgpu-apir-0.4-outputs-with-the-graph-protocol.patch",
-                                                  "0013-ggml-virtgpu-backend-outputs-with-the-graph.patch",
-                                                  "0015-ggml-virtgpu-apir-0.5-use-counts-protocol.patch",
-                                                  "0017-ggml-virtgpu-backend-use-counts.patch",
+    assert list(ggml_build.HOST_PATCHES[-7:]) == ["0017-ggml-virtgpu-backend-use-counts.patch",
                                                   "0018-ggml-virtgpu-backend-refuse-hostile-tensors-and-graphs.patch",
                                                   "0019-ggml-virtgpu-backend-free-decoded-tensors.patch",
-                                                  "0020-ggml-virtgpu-backend-serve-several-contexts.patch"]
+                                                  "0020-ggml-virtgpu-backend-serve-several-contexts.patch",
+                                                  "0021-ggml-virtgpu-backend-count-decoded-graphs.patch",
+                                                  "0022-ggml-virtgpu-apir-0.6-writes-by-reference-protocol.patch",
+                                                  "0024-ggml-virtgpu-backend-writes-by-reference.patch"]
     include = next(f for f in flags if f.startswith("-DCMAKE_PROJECT_INCLUDE:STRING="))
     assert include.endswith("-ggml-virtgpu-offline.cmake") and "/nix/store/" in include
 
