@@ -287,9 +287,10 @@ int main(int argc, char ** argv) {
 #ifdef APIR_GRAPH_RUN_WRITE_BY_REF
     // APIR 0.6: a GRAPH_RUN (no compute) whose one write record names where its bytes lie (resource, offset)
     // instead of carrying them; the record sits at resource 1's start, the bytes 4096 further.
-    auto by_ref = [&](const char * name, const apir_rpc_tensor & t, uint64_t len, uint32_t src_res, uint32_t reserved) {
+    auto by_ref = [&](const char * name, const apir_rpc_tensor & t, uint64_t len, uint32_t src_res, uint32_t reserved,
+                      uint64_t src_offset = 4096) {
         memset(g_shmem, 0, 4096);
-        const uint64_t offset = 0, sized = len | APIR_GRAPH_RUN_WRITE_BY_REF, src_offset = 4096;
+        const uint64_t offset = 0, sized = len | APIR_GRAPH_RUN_WRITE_BY_REF;
         unsigned char * p = g_shmem;
         memcpy(p, &t, sizeof(t));
         memcpy(p + sizeof(t), &offset, 8);
@@ -307,6 +308,7 @@ int main(int argc, char ** argv) {
     by_ref("write by reference from an unknown resource", small, 64, 9, 0);
     by_ref("write by reference with its reserved word set", small, 64, 1, 1);
     by_ref("write by reference past its tensor's buffer", small, 8192, 1, 0);
+    by_ref("write by reference whose end wraps around", small, 64, 1, 0, UINT64_MAX - 16);
     by_ref("write by reference", small, 64, 1, 0);
     {  // what the tensor holds now, read back into resource 1's start
         command get = tensor_io(buffer, small, 64);

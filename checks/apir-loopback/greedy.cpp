@@ -25,9 +25,13 @@ int main(int argc, char ** argv) {
     }
     const char * model_path = argv[1];
     const std::string device = argv[2];
+    // The prompt is long enough that its embeddings (PROMPT x n_embd) exceed the 256 KiB a write may wait with:
+    // through APIR 0.6 they go by reference (0023). The context holds it and the tokens decoded after it.
+    constexpr int PROMPT = 300, CTX = 512;
     const int n_tokens = atoi(argv[3]);
-    if (n_tokens <= 0) {
-        fprintf(stderr, "greedy: N_TOKENS must be a positive number\n");
+    if (n_tokens <= 0 || n_tokens > CTX - PROMPT) {
+        fprintf(stderr, "greedy: N_TOKENS must be a number from 1 to %d (the context holds %d with the prompt's %d)\n",
+                CTX - PROMPT, CTX, PROMPT);
         return 2;
     }
 
@@ -57,8 +61,8 @@ int main(int argc, char ** argv) {
         return 1;
     }
     llama_context_params cparams = llama_context_default_params();
-    cparams.n_ctx      = 512;
-    cparams.n_batch    = 512;
+    cparams.n_ctx      = CTX;
+    cparams.n_batch    = CTX;
     cparams.op_offload = device != "none";
     cparams.no_perf    = true;
     llama_context * ctx = llama_init_from_model(model, cparams);
@@ -69,8 +73,7 @@ int main(int argc, char ** argv) {
     const int n_vocab = llama_vocab_n_tokens(llama_model_get_vocab(model));
 
     std::vector<llama_token> prompt;
-    for (int i = 0; i < 300; i++) {  // long enough that its embeddings (300 x n_embd) exceed the 256 KiB a write
-                                     // may wait with: through APIR 0.6 they go by reference (0023)
+    for (int i = 0; i < PROMPT; i++) {
         prompt.push_back((llama_token) ((i * 7919 + 11) % n_vocab));
     }
     llama_batch batch = llama_batch_get_one(prompt.data(), (int32_t) prompt.size());

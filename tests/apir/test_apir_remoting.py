@@ -395,17 +395,19 @@ def test_0_2_to_0_5_guests_are_refused_by_a_0_6_host_with_a_message(tmp_path: Pa
                      "a graph held for context 1": "0", "its uid from context 1": "0", "its uid from context 2": "3",
                      "graph of a 300000-long chain of sources": "0", "set_tensor past its tensor": "1",
                      "copy into a smaller tensor": "1",
-                     # 0024: a by-reference write that names no resource, sets the reserved word or holds more
-                     # than its tensor's buffer is refused; a well-formed one is applied (and read back below)
+                     # 0024: a by-reference write that names no resource, sets the reserved word, holds more
+                     # than its tensor's buffer or ends past the address space is refused; a well-formed one is
+                     # applied (and read back below)
                      "write by reference from an unknown resource": "1",
                      "write by reference with its reserved word set": "1",
-                     "write by reference past its tensor's buffer": "1", "write by reference": "0",
+                     "write by reference past its tensor's buffer": "1",
+                     "write by reference whose end wraps around": "1", "write by reference": "0",
                      # 0020: the backend made afresh after the last context went runs a graph; the commands
                      # of a context never initialized, or refused, are refused (upstream ran them)
                      "a graph run by context 3 after a fresh start": "0",
                      "a command of a context never initialized": "1", "a command of the refused context": "1"}, codes
     assert proc.stderr.count("malformed read record from the guest") == 2, proc.stderr
-    assert proc.stderr.count("malformed tensor write from the guest") == 3, proc.stderr
+    assert proc.stderr.count("malformed tensor write from the guest") == 4, proc.stderr
     assert "write by reference: the tensor holds the resource's bytes: yes" in proc.stdout, proc.stdout
     assert proc.stderr.count("Failed to deserialize computation graph") == 6, proc.stderr
     assert "a buffer type this host never gave out: 0x4141414141414141" in proc.stderr
