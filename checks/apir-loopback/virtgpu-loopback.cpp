@@ -24,8 +24,8 @@
 // without the model's load, whose many weight uploads (SET_TENSOR) vary from one process to the next.
 // "host_graph" (patch 0017) is the last graph the host decoded, its nodes and use counts; "host_graphs_decoded"
 // (patch 0021) how many graphs it decoded in all: a graph the guest runs again by its uid is not decoded.
-// "writes_by_reference" (APIR 0.6) counts the GRAPH_RUN write records that named the guest's pages instead of
-// carrying the bytes (a prompt's inputs computed into a host buffer).
+// "writes_by_reference" (patch 0024) how many writes the host took from the guest's pages a GRAPH_RUN record
+// named instead of carrying the bytes (APIR 0.6: a prompt's inputs computed into a host buffer).
 //
 // APIR_LOOPBACK_DEVICE_TYPE=gpu: report the host device as a GPU. With the CPU target the
 // remote device is a CPU, which llama's tools hide; this lets llama-bench offload to it.
@@ -49,7 +49,6 @@
 #include "virtgpu.h"
 #include "ggml-remoting.h"
 #include "backend/shared/apir_backend.h"
-#include "backend/shared/apir_cs_rpc.h"  // apir_rpc_tensor: a GRAPH_RUN write record starts with one
 
 #include <dlfcn.h>
 #include <execinfo.h>
@@ -82,7 +81,7 @@ using init_fn     = uint32_t (*)(uint32_t, callbacks *);
 using dispatch_fn = uint32_t (*)(uint32_t, callbacks *, uint32_t, char *, const char *, char *, const char *, char **);
 using profile_fn  = void (*)(uint64_t *, uint64_t *, uint64_t *);
 using uses_fn     = void (*)(uint64_t *, uint64_t *);
-using decoded_fn  = void (*)(uint64_t *);
+using count_fn    = void (*)(uint64_t *);
 
 std::mutex                  g_lock;
 std::map<uint32_t, void *>  g_resources;
@@ -93,10 +92,10 @@ dispatch_fn                 g_dispatch = nullptr;
 std::atomic<uint32_t>       g_data_res_id{ 0 };
 std::atomic<uint32_t>       g_reply_res_id{ 0 };
 std::atomic<uint64_t>       g_other_lookups{ 0 };
-std::atomic<uint64_t>       g_writes_by_ref{ 0 };  // GRAPH_RUN write records naming the guest's pages (0.6)
 profile_fn                  g_profile  = nullptr;  // optional: hosts from patch 0008 on
 uses_fn                     g_uses     = nullptr;  // optional: hosts from patch 0017 on
-decoded_fn                  g_decoded  = nullptr;  // optional: hosts from patch 0021 on
+count_fn                    g_decoded  = nullptr;  // optional: hosts from patch 0021 on
+count_fn                    g_by_ref   = nullptr;  // optional: hosts from patch 0024 on
 
 // The profile: one slot per forwarded command, then HANDSHAKE and LOADLIBRARY.
 constexpr int STAT_HANDSHAKE   = APIR_BACKEND_DISPATCH_TABLE_COUNT;
@@ -212,9 +211,8 @@ void write_stats() {
     write_command_stats(f, g_stats);
     fprintf(f, ", \"running\": ");
     write_command_stats(f, g_running);
-    fprintf(f, ", \"other_resource_lookups\": %llu, \"largest_blob\": %llu, \"writes_by_reference\": %llu",
-            (unsigned long long) g_other_lookups.load(), (unsigned long long) g_largest_blob.load(),
-            (unsigned long long) g_writes_by_ref.load());
+    fprintf(f, ", \"other_resource_lookups\": %llu, \"largest_blob\": %llu",
+            (unsigned long long) g_other_lookups.load(), (unsigned long long) g_largest_blob.load());
     if (g_uses) {  // the last graph the host decoded: its nodes and the use counts it was given
         uint64_t nodes = 0, uses = 0;
         g_uses(&nodes, &uses);
@@ -225,6 +223,11 @@ void write_stats() {
         uint64_t n = 0;
         g_decoded(&n);
         fprintf(f, ", \"host_graphs_decoded\": %llu", (unsigned long long) n);
+    }
+    if (g_by_ref) {  // how many writes the host took from the guest's pages by reference
+        uint64_t n = 0;
+        g_by_ref(&n);
+        fprintf(f, ", \"writes_by_reference\": %llu", (unsigned long long) n);
     }
     fprintf(f, "}\n");
     fclose(f);
@@ -246,18 +249,13 @@ const char * loopback_get_config(uint32_t, const char * key) {
     return nullptr;
 }
 
-// A resource's pages, or nullptr; the loopback's own look (not counted as the host's).
-void * resource_ptr(uint32_t res_id) {
-    std::lock_guard<std::mutex> hold(g_lock);
-    auto it = g_resources.find(res_id);
-    return it == g_resources.end() ? nullptr : it->second;
-}
-
 void * loopback_get_shmem_ptr(uint32_t, uint32_t res_id) {
     if (res_id != g_data_res_id && res_id != g_reply_res_id) {
         g_other_lookups++;
     }
-    return resource_ptr(res_id);
+    std::lock_guard<std::mutex> hold(g_lock);
+    auto it = g_resources.find(res_id);
+    return it == g_resources.end() ? nullptr : it->second;
 }
 
 callbacks g_callbacks = { loopback_get_config, loopback_get_shmem_ptr };
@@ -302,7 +300,8 @@ uint32_t host_load_library() {
     g_dispatch = (dispatch_fn) dlsym(handle, "apir_backend_dispatcher");
     g_profile  = (profile_fn) dlsym(handle, "apir_backend_profile");
     g_uses     = (uses_fn) dlsym(handle, "apir_backend_graph_uses");
-    g_decoded  = (decoded_fn) dlsym(handle, "apir_backend_graphs_decoded");
+    g_decoded  = (count_fn) dlsym(handle, "apir_backend_graphs_decoded");
+    g_by_ref   = (count_fn) dlsym(handle, "apir_backend_writes_by_reference");
     if (!init || !g_dispatch) {
         return APIR_LOAD_LIBRARY_SYMBOL_MISSING;
     }
@@ -331,46 +330,6 @@ bool computes_graph(uint32_t command, const char * args, const char * end) {
     (void) end;
 #endif
     return false;
-}
-
-// How many of a forwarded GRAPH_RUN's write records name the guest's pages instead of carrying the bytes
-// (APIR 0.6, APIR_GRAPH_RUN_WRITE_BY_REF), read from the command's own pages as the host will read them.
-uint64_t writes_by_reference(uint32_t command, const char * args, const char * end) {
-    uint64_t n = 0;
-#ifdef APIR_GRAPH_RUN_WRITE_BY_REF
-    // major, minor, flags, res id (u32 each), uid (u64), n_writes (u32), writes_size (u64)
-    if (command != APIR_COMMAND_TYPE_BACKEND_GRAPH_RUN || end - args < 36) {
-        return 0;
-    }
-    uint32_t res = 0, n_writes = 0;
-    uint64_t writes_size = 0;
-    memcpy(&res, args + 12, 4);
-    memcpy(&n_writes, args + 24, 4);
-    memcpy(&writes_size, args + 28, 8);
-    const char * p = (const char *) resource_ptr(res);
-    if (!p) {
-        return 0;
-    }
-    const char * p_end = p + writes_size;
-    for (uint32_t i = 0; i < n_writes && p_end - p >= (ptrdiff_t) (sizeof(apir_rpc_tensor) + 16); i++) {
-        uint64_t len = 0;
-        memcpy(&len, p + sizeof(apir_rpc_tensor) + 8, 8);
-        p += sizeof(apir_rpc_tensor) + 16;
-        if (len & APIR_GRAPH_RUN_WRITE_BY_REF) {
-            n++;
-            p += APIR_GRAPH_RUN_WRITE_REF_SIZE;
-        } else if (len <= (uint64_t) (p_end - p)) {
-            p += (len + APIR_GRAPH_RUN_WRITE_ALIGN - 1) & ~(uint64_t) (APIR_GRAPH_RUN_WRITE_ALIGN - 1);
-        } else {
-            break;
-        }
-    }
-#else
-    (void) command;
-    (void) args;
-    (void) end;
-#endif
-    return n;
 }
 
 // One command, as the host handles it: the reply goes into the reply resource after its
@@ -422,9 +381,6 @@ int host_handle(const char * cmd, const char * cmd_end, uint64_t split[3], bool 
                     g_profile(&before[0], &before[1], &before[2]);
                 }
                 *computes = computes_graph(flags, cur, cmd_end);  // read before the dispatcher sees the bytes
-                if (g_stats_path) {
-                    g_writes_by_ref += writes_by_reference(flags, cur, cmd_end);
-                }
                 ret = APIR_FORWARD_BASE_INDEX +
                       g_dispatch(LOOPBACK_CTX_ID, &g_callbacks, flags, (char *) cur, cmd_end, enc, enc_end, &after);
                 if (g_profile && g_stats_path) {

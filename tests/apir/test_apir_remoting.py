@@ -27,6 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -231,6 +232,15 @@ def _decode_check(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path,
                           env=env, capture_output=True, text=True, timeout=300, check=False)
 
 
+def _decode_report(dirs: loopback_no_chroot.HostDirs, tokens: int, stats: Path,
+                   mode: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """graph-run-check with every value right, and the loopback's stats of the run."""
+    proc = _decode_check(dirs, tokens, stats, mode)
+    assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
+        proc.stdout + proc.stderr)[-3000:]
+    return proc, json.loads(stats.read_text())
+
+
 @pytest.mark.slow
 # tokens: each output read, as llama.cpp reads its logits (get_tensor_async, then synchronize), into the same
 # place of a buffer of the device's host buffer type, where llama.cpp keeps them; ubatches: pairs of runs of
@@ -245,11 +255,7 @@ def test_a_decode_loop_is_one_graph_run_per_token_with_its_input_output_and_righ
     lookups: dict[int, int] = {}
     decoded: dict[int, int] = {}
     for tokens in (2, 12):
-        stats = tmp_path / f"stats-{tokens}.json"
-        proc = _decode_check(dirs, tokens, stats, mode)
-        assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
-            proc.stdout + proc.stderr)[-3000:]
-        report = json.loads(stats.read_text())
+        proc, report = _decode_report(dirs, tokens, tmp_path / f"stats-{tokens}.json", mode)
         counts[tokens], lookups[tokens] = report["commands"], report["other_resource_lookups"]
         decoded[tokens] = report["host_graphs_decoded"]
         # "running" (a run's commands for the bench's per-run profile) starts after the first graph computed:
@@ -290,11 +296,7 @@ def test_a_prompts_input_made_in_a_host_buffer_goes_by_reference_not_as_set_tens
     dirs = _loopback(tmp_path, "after", tuple(loopback.guest_patches()), loopback.HOST_PATCHES)
     reports, lookups = {}, {}
     for tokens in (2, 5):
-        stats = tmp_path / f"stats-{tokens}.json"
-        proc = _decode_check(dirs, tokens, stats, "prompt")
-        assert proc.returncode == 0 and f"{tokens} tokens on [virtgpu] CPU, 0 wrong values" in proc.stdout, (
-            proc.stdout + proc.stderr)[-3000:]
-        report = json.loads(stats.read_text())
+        _, report = _decode_report(dirs, tokens, tmp_path / f"stats-{tokens}.json", "prompt")
         reports[tokens], lookups[tokens] = report["running"], report["other_resource_lookups"]
         assert report["writes_by_reference"] == tokens, report  # one input a prompt, the first's too
     # Each prompt after the first: a GRAPH_RUN that takes the input by reference (sent at once: the caller may
