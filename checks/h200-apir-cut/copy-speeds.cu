@@ -6,7 +6,8 @@
 // to the GPU. This times each step for the sizes a pp512 run moves: a host memcpy (the guest's copy), and a
 // host-to-device copy from pageable, shared (memfd), registered (cudaHostRegister) and pinned
 // (cudaMallocHost) memory, and pinning the pages for the one copy (register, copy, unregister: what a host
-// that is not told when the guest unmaps a resource could do safely). Medians of many, in microseconds; one JSON line per size on stdout.
+// that is not told when the guest unmaps a resource could do safely). Medians of many, in microseconds; one
+// JSON line per size on stdout.
 // Build: nvcc -O2 -o copy-speeds copy-speeds.cu
 #include <cuda_runtime.h>
 #include <sys/mman.h>
