@@ -114,14 +114,12 @@ int main(int argc, char ** argv) {
     }
 
     int bad = 0;
-    // a pair's two inputs and two outputs (ubatches), or a prompt's columns
-    std::vector<float> xv(2 * N * cols), guest_out(2 * N * cols);
+    std::vector<float> xv(2 * N), guest_out(2 * N);  // a pair's two inputs and two outputs (ubatches)
     float *            out  = guest_out.data();
     ggml_backend_buffer_t obuf = nullptr;
     if (in_host) {  // where llama.cpp keeps its outputs: the output device's host buffer type
-        ggml_backend_buffer_type_t host = host_buft;
-        obuf = host ? ggml_backend_buft_alloc_buffer(host, 2 * N * cols * sizeof(float)) : nullptr;
-        if (!obuf || ggml_backend_buffer_get_type(obuf) != host) {
+        obuf = host_buft ? ggml_backend_buft_alloc_buffer(host_buft, 2 * N * cols * sizeof(float)) : nullptr;
+        if (!obuf || ggml_backend_buffer_get_type(obuf) != host_buft) {
             fprintf(stderr, "graph-run-check: %s has no host buffer of its own type\n", argv[1]);
             return 1;
         }

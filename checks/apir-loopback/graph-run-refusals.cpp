@@ -2,9 +2,10 @@
 // to its dispatcher directly, as virglrenderer would hand them over: a guest of an older series, read records
 // that are malformed or hostile, and (0018) hostile tensors, graphs and handles, each of which upstream's host
 // trusted: it called through a made-up buffer type, wrote past a tensor, threw on an unknown source, recursed
-// down a chain of sources until its stack ran out; (0024) by-reference write records naming no resource, a set
-// reserved word or more bytes than the tensor's buffer holds, and one well formed, whose bytes must arrive. The loopback cannot play an older guest itself (it builds guest and host
-// from one tree, so both carry the same protocol headers); here the bytes are written by hand, in the layout
+// down a chain of sources until its stack ran out; (0024) by-reference write records naming no resource, setting
+// the reserved word, holding more bytes than the tensor's buffer or ending past the address space, and one well
+// formed, whose bytes must arrive. The loopback cannot play an older guest itself (it builds guest and host from
+// one tree, so both carry the same protocol headers); here the bytes are written by hand, in the layout
 // backend/shared/apir_backend.h gives.
 //
 //   graph-run-refusals BACKEND_LIB GGML_LIB REG_SYMBOL
